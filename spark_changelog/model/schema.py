@@ -1,0 +1,82 @@
+"""Schema facts of a changelog stream (spec section 1).
+
+A stream is a Spark DataFrame whose data columns are the user's columns plus
+two metadata columns:
+
+``_kind`` (tinyint)
+    the :class:`~spark_changelog.model.rowkind.RowKind` code of the row.
+``_seq`` (bigint)
+    a sequence that totally orders the changes of one source partition
+    (Debezium ``source.lsn``/``pos``, ``ts_ms``, or file + line).  Operators
+    emit rows carrying an ``_seq`` that keeps the per-key (or per-row) order of
+    their own emissions.  Several rows emitted for one input row share its
+    ``_seq``; between rows of one key with equal ``_seq`` a retraction always
+    precedes an addition (``-U`` before ``+U``), which is the order Flink emits
+    them in.  Shuffles never keep row order: every consumer re-sorts by
+    ``(key, _seq)`` and never relies on arrival order.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Optional, Sequence
+
+KIND_COL = "_kind"
+SEQ_COL = "_seq"
+METADATA_COLUMNS = (KIND_COL, SEQ_COL)
+
+
+class ChangelogMode(enum.Enum):
+    """Which kinds a stream may contain (spec section 1)."""
+
+    INSERT_ONLY = "insert-only"   # +I
+    UPSERT = "upsert"             # +I +U -D, keyed, no -U
+    RETRACT = "retract"           # +I -U +U -D
+
+    @property
+    def kinds(self) -> str:
+        return {"insert-only": "[I]", "upsert": "[I,UA,D]", "retract": "[I,UB,UA,D]"}[self.value]
+
+    @property
+    def has_updates(self) -> bool:
+        return self is not ChangelogMode.INSERT_ONLY
+
+
+@dataclasses.dataclass(frozen=True)
+class WatermarkStrategy:
+    """Placeholder for the event-time issue: ``BoundedOutOfOrderness`` lives here."""
+
+    column: str
+    bound_ms: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamSchema:
+    """What the planner knows about a stream besides its column types."""
+
+    columns: tuple[str, ...]
+    primary_key: tuple[str, ...] = ()
+    upsert_key: Optional[tuple[str, ...]] = None
+    mode: ChangelogMode = ChangelogMode.RETRACT
+    time_attribute: Optional[str] = None
+    watermark: Optional[WatermarkStrategy] = None
+
+    def __post_init__(self) -> None:
+        for name, cols in (("primary key", self.primary_key), ("upsert key", self.upsert_key or ())):
+            missing = [c for c in cols if c not in self.columns]
+            if missing:
+                raise ValueError(f"{name} column(s) {missing} not among columns {list(self.columns)}")
+        clash = [c for c in self.columns if c in METADATA_COLUMNS]
+        if clash:
+            raise ValueError(f"column name(s) {clash} are reserved for changelog metadata")
+
+    def with_(self, **changes) -> "StreamSchema":
+        return dataclasses.replace(self, **changes)
+
+
+def as_key(cols: "str | Sequence[str] | None") -> tuple[str, ...]:
+    if cols is None:
+        return ()
+    if isinstance(cols, str):
+        return tuple(c.strip() for c in cols.split(",") if c.strip())
+    return tuple(cols)

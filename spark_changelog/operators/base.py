@@ -1,0 +1,114 @@
+"""The contract every keyed operator implements (architecture: "operators").
+
+An operator is written once, as a vectorized step over the rows and state of
+one *key group*; every runtime (Spark streaming, batch, local reference) calls
+the same ``process`` and never re-implements a rule.
+
+``process(state, rows, ctx) -> (new_state, output)``
+
+* ``rows``: the micro-batch's input rows of the key group, data columns plus
+  ``_kind`` and ``_seq``, **sorted by the operator's key columns, then ``_seq``**
+  (the runtime sorts; arrival order is never trusted, spec section 2).
+* ``state``: every stored state row whose key occurs in ``rows`` (possibly
+  several rows per key), in the columns of :attr:`KeyedOperator.state_schema`.
+  Keys of ``rows`` without state simply have no state rows.
+* ``new_state``: the complete state rows of **every key occurring in ``rows``**
+  after the batch; a key with no rows in ``new_state`` has its state cleared.
+  Keys not in ``rows`` keep their state untouched, so a batch costs in
+  proportion to the keys it touches, not to the whole state.
+* ``output``: emitted rows, data columns of :attr:`output_schema` plus
+  ``_kind``/``_seq``, in emission order.
+
+Counters (superseded changes, unmatched retractions, expired state, ...) go to
+``ctx.metrics``; the runtime sums them over key groups and micro-batches.
+"""
+from __future__ import annotations
+
+import abc
+import collections
+import dataclasses
+from typing import Optional
+
+import pandas as pd
+import pyarrow as pa
+
+from ..model import KIND_COL, SEQ_COL
+
+
+@dataclasses.dataclass
+class Metrics:
+    """Counters and warnings of one operator call; summed by the runtime."""
+
+    counters: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    warnings: list = dataclasses.field(default_factory=list)
+
+    def add(self, name: str, n: int = 1) -> None:
+        if n:
+            self.counters[name] += int(n)
+
+    def warn(self, message: str) -> None:
+        self.warnings.append(message)
+
+    def merge(self, other: "Metrics") -> None:
+        self.counters.update(other.counters)
+        self.warnings.extend(other.warnings)
+
+
+@dataclasses.dataclass
+class OpContext:
+    """What an operator may know besides its rows and state."""
+
+    processing_time_ms: int
+    watermark_ms: Optional[int] = None
+    metrics: Metrics = dataclasses.field(default_factory=Metrics)
+
+
+class KeyedOperator(abc.ABC):
+    """A vectorized, keyed, stateful step (see module docstring)."""
+
+    #: short name used in explain output, metrics and state names
+    name: str = "operator"
+
+    def __init__(self, input_schema: pa.Schema, key: tuple[str, ...]):
+        missing = [k for k in key if k not in input_schema.names]
+        if missing:
+            raise ValueError(f"{self.name}: key column(s) {missing} not in input {input_schema.names}")
+        for meta in (KIND_COL, SEQ_COL):
+            if meta not in input_schema.names:
+                raise ValueError(f"{self.name}: input lacks the {meta} column")
+        self.input_schema = input_schema
+        self.key = tuple(key)
+
+    @property
+    def data_columns(self) -> list[str]:
+        return [n for n in self.input_schema.names if n not in (KIND_COL, SEQ_COL)]
+
+    @property
+    @abc.abstractmethod
+    def state_schema(self) -> pa.Schema:
+        """Columns of a state row; must start with the key columns."""
+
+    @property
+    @abc.abstractmethod
+    def output_schema(self) -> pa.Schema:
+        """Data columns of the output plus ``_kind`` and ``_seq``."""
+
+    @abc.abstractmethod
+    def process(self, state: pd.DataFrame, rows: pd.DataFrame, ctx: OpContext
+                ) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """One micro-batch of one key group (module docstring)."""
+
+    def retain(self, state: pd.DataFrame, ctx: OpContext) -> "pd.Series | None":
+        """Which state rows survive a compaction (TTL, tombstone retention).
+
+        Called by the runtime when it rewrites a key group's state, on rows no
+        batch touched; ``None`` keeps everything.  Dropped rows are counted by
+        the operator in ``ctx.metrics``.
+        """
+        return None
+
+    def empty_state(self) -> pd.DataFrame:
+        return self.state_schema.empty_table().to_pandas()
+
+    def empty_output(self) -> pd.DataFrame:
+        return self.output_schema.empty_table().to_pandas()
