@@ -1,0 +1,14 @@
+"""One Spark session for the whole test run (starting one costs seconds)."""
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def spark():
+    from spark_changelog.runtime.session import build_session
+
+    session = build_session("spark-changelog-tests", configs={"spark.sql.shuffle.partitions": "2",
+                                                               "spark.default.parallelism": "2"})
+    yield session
+    session.stop()
