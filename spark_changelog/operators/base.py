@@ -29,6 +29,7 @@ import collections
 import dataclasses
 from typing import Optional
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 
@@ -56,11 +57,26 @@ class Metrics:
 
 @dataclasses.dataclass
 class OpContext:
-    """What an operator may know besides its rows and state."""
+    """What an operator may know besides its rows and state.
+
+    ``next_seq`` is the key group's emission counter, persisted by the runtime
+    across micro-batches.  An operator whose output is keyed differently from
+    its input (a join, an aggregation) cannot reuse input ``_seq`` values: they
+    come from different sources and are not comparable.  It numbers its output
+    with :meth:`allocate_seq` instead, which is monotonic per key group, so
+    every output row's changes keep the order in which they were emitted.
+    """
 
     processing_time_ms: int
     watermark_ms: Optional[int] = None
     metrics: Metrics = dataclasses.field(default_factory=Metrics)
+    next_seq: int = 0
+
+    def allocate_seq(self, n: int) -> np.ndarray:
+        """``n`` consecutive output sequence numbers, in emission order."""
+        out = np.arange(self.next_seq, self.next_seq + n, dtype=np.int64)
+        self.next_seq += int(n)
+        return out
 
 
 class KeyedOperator(abc.ABC):

@@ -30,12 +30,14 @@ class LocalRunner:
         self.operator = operator
         self.state = operator.empty_state()
         self.metrics = Metrics()
+        self.next_seq = 0
 
     def run_batch(self, rows: pd.DataFrame, processing_time_ms: Optional[int] = None,
                   watermark_ms: Optional[int] = None) -> pd.DataFrame:
         op = self.operator
         ctx = OpContext(processing_time_ms=int(time.time() * 1000) if processing_time_ms is None
-                        else processing_time_ms, watermark_ms=watermark_ms)
+                        else processing_time_ms, watermark_ms=watermark_ms,
+                        next_seq=self.next_seq)
         if rows.empty:
             return op.empty_output()
         rows = sort_rows(rows, op.key)
@@ -47,6 +49,7 @@ class LocalRunner:
         self.state = (pd.concat([kept, new_state], ignore_index=True)
                       if len(new_state) else kept.reset_index(drop=True))
         self.metrics.merge(ctx.metrics)
+        self.next_seq = ctx.next_seq
         return out.reset_index(drop=True)
 
     def run(self, batches: Iterable[pd.DataFrame], **kw) -> pd.DataFrame:
