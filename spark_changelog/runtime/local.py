@@ -15,7 +15,7 @@ import pandas as pd
 
 from ..model import SEQ_COL
 from ..operators.base import KeyedOperator, Metrics, OpContext
-from .keys import distinct_keys, rows_with_keys
+from ..operators.keys import distinct_keys, rows_with_keys
 
 
 def sort_rows(rows: pd.DataFrame, key) -> pd.DataFrame:
