@@ -16,11 +16,7 @@ import pandas as pd
 from ..model import SEQ_COL
 from ..operators.base import KeyedOperator, Metrics, OpContext
 from ..operators.keys import distinct_keys, rows_with_keys
-
-
-def sort_rows(rows: pd.DataFrame, key) -> pd.DataFrame:
-    """Per-key order comes from ``_seq`` only (stable for equal ``_seq``)."""
-    return rows.sort_values(list(key) + [SEQ_COL], kind="stable").reset_index(drop=True)
+from .keygroup import sort_rows
 
 
 class LocalRunner:

@@ -1,0 +1,213 @@
+"""Running a changelog stream into its sinks, in batch or as a streaming query.
+
+Per micro-batch (one batch for a bounded input): the operator output is
+collected as Arrow, metric rows are split off, the emitted changelog goes to
+the optional changelog sink (one file per batch id, overwritten on replay) and
+the net change per key goes to the upsert sink in one atomic commit that
+records (query id, batch id), so a batch replayed after a crash is skipped.
+
+Bad input (``ReadResult.invalid``) goes to the dead-letter directory with a
+count, or, with ``strict``, fails the run naming file, line and field.  In
+streaming it runs as a second query over the same files with its own
+checkpoint, so both resume together.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+import uuid
+from typing import Callable, Optional
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..model import KIND_COL, SEQ_COL, as_key
+from .spark_keyed import METRICS_COL, METRICS_KIND
+
+
+@dataclasses.dataclass
+class RunReport:
+    """What a run did, for the summary line and for tests."""
+
+    streaming: bool
+    table: Optional[str] = None
+    changelog: Optional[str] = None
+    dead_letter: Optional[str] = None
+    batches: int = 0
+    replayed_batches: int = 0
+    changes_out: int = 0
+    upserted: int = 0
+    deleted: int = 0
+    invalid: int = 0
+    tombstones_skipped: int = 0
+    ignored_skipped: int = 0
+    seconds: float = 0.0
+    counters: dict = dataclasses.field(default_factory=dict)
+    warnings: list = dataclasses.field(default_factory=list)
+    state_rows: int = 0
+
+    @property
+    def rows_in(self) -> int:
+        return int(self.counters.get("rows_in", 0))
+
+    def add_metrics(self, metrics: list[dict]) -> None:
+        state_rows = 0
+        for m in metrics:
+            for k, v in m.get("counters", {}).items():
+                self.counters[k] = self.counters.get(k, 0) + int(v)
+            self.warnings.extend(m.get("warnings", []))
+            state_rows += int(m.get("state_rows", 0))
+        if metrics:
+            self.state_rows = max(self.state_rows, state_rows)
+
+    def summary(self) -> str:
+        c = self.counters
+        lines = [
+            f"rows in: {self.rows_in}   changes out: {self.changes_out}   "
+            f"batches: {self.batches}" + (f" ({self.replayed_batches} replayed, skipped)"
+                                          if self.replayed_batches else ""),
+            f"table: {self.upserted} upserted, {self.deleted} deleted",
+            f"superseded (older than the key's applied change): {c.get('superseded', 0)}   "
+            f"unchanged: {c.get('unchanged', 0)}   deletes of unknown keys: {c.get('retract_no_match', 0)}",
+            f"invalid rows (dead letter): {self.invalid}   tombstones skipped: {self.tombstones_skipped}"
+            + (f"   DDL/control records ignored: {self.ignored_skipped}" if self.ignored_skipped else ""),
+            f"time: {self.seconds:.1f} s" + (f"   ({self.rows_in / self.seconds:,.0f} rows/s)"
+                                             if self.seconds > 0 and self.rows_in else ""),
+        ]
+        if self.table:
+            lines.append(f"upsert table: {self.table}")
+        if self.changelog:
+            lines.append(f"changelog: {self.changelog}")
+        if self.dead_letter and self.invalid:
+            lines.append(f"dead letter: {self.dead_letter}")
+        for w in self.warnings[:5]:
+            lines.append(f"warning: {w}")
+        return "\n".join(lines)
+
+
+def split_metrics(table: pa.Table) -> tuple[pd.DataFrame, list[dict]]:
+    """Operator output (Arrow) -> (data rows as pandas, metric payloads)."""
+    if METRICS_COL not in table.column_names:
+        return table.to_pandas(), []
+    is_metric = pc.fill_null(pc.equal(table[KIND_COL], METRICS_KIND), False)
+    metrics = [json.loads(s) for s in table.filter(is_metric)[METRICS_COL].to_pylist()]
+    data = table.filter(pc.invert(is_metric)).drop_columns([METRICS_COL])
+    return data.to_pandas(), metrics
+
+
+def _query_id(checkpoint: str) -> str:
+    """Spark's query id, stable across restarts from the same checkpoint."""
+    with open(os.path.join(checkpoint, "metadata")) as f:
+        return json.loads(f.readline())["id"]
+
+
+def _data_schema(stream) -> pa.Schema:
+    from ..api import arrow_schema_of
+    full = arrow_schema_of(stream._data_df())
+    return pa.schema([f for f in full if f.name not in (KIND_COL, SEQ_COL)])
+
+
+def run_to_sink(stream, table, *, checkpoint: Optional[str] = None,
+                changelog_path: Optional[str] = None, changelog_format: str = "parquet",
+                dead_letter: Optional[str] = None, strict: bool = False, key=None,
+                progress: Optional[Callable[[RunReport], None]] = None) -> RunReport:
+    from ..connectors.dead_letter import write_dead_letter
+    from ..sinks.changelog import ChangelogSink
+    from ..sinks.delta import DeltaUpsertSink
+
+    key = as_key(key) or stream.schema.primary_key
+    if not key:
+        raise ValueError("an upsert table needs a primary key: pass key=[...]")
+    schema = _data_schema(stream)
+    sink = DeltaUpsertSink(os.fspath(table), key, schema) if isinstance(table, (str, os.PathLike)) else table
+    log = ChangelogSink(changelog_path, changelog_format, key=key, schema=schema) if changelog_path else None
+    report = RunReport(streaming=stream.is_streaming,
+                       table=os.fspath(table) if isinstance(table, (str, os.PathLike)) else None,
+                       changelog=changelog_path, dead_letter=dead_letter)
+    t0 = time.perf_counter()
+
+    def handle(batch: pa.Table, batch_id: int, query_id: str) -> None:
+        data, metrics = split_metrics(batch)
+        report.add_metrics(metrics)
+        if log is not None:
+            log.write_batch(data, batch_id=batch_id, query_id=query_id)
+        result = sink.write_batch(data, query_id=query_id, batch_id=batch_id)
+        report.batches += 1
+        if result.get("skipped_replay"):
+            report.replayed_batches += 1
+        else:
+            report.changes_out += len(data)
+            report.upserted += int(result.get("upserted", 0))
+            report.deleted += int(result.get("deleted", 0))
+        if progress:
+            progress(report)
+
+    def handle_bad(invalid: pd.DataFrame, skipped: pd.DataFrame, batch_id) -> None:
+        if strict and len(invalid):
+            from ..connectors.cdc_json import raise_if_invalid
+            raise_if_invalid(invalid)
+        if len(invalid):
+            if dead_letter is None:
+                raise ValueError(
+                    f"{len(invalid)} invalid input row(s) and no dead-letter directory: first: "
+                    f"{invalid.iloc[0].to_dict()}")
+            write_dead_letter(invalid, dead_letter, batch_id=batch_id)
+        report.invalid += len(invalid)
+        if len(skipped):
+            cats = skipped["category"].value_counts()
+            report.tombstones_skipped += int(cats.get("tombstone", 0))
+            report.ignored_skipped += int(cats.get("ignored", 0))
+
+    source = stream.source
+    if not stream.is_streaming:
+        if source is not None:
+            handle_bad(source.invalid.toPandas(), source.skipped.toPandas(), None)
+        handle(stream.df.toArrow(), 0, f"batch-{uuid.uuid4().hex}")
+        report.seconds = time.perf_counter() - t0
+        return report
+
+    if not checkpoint:
+        raise ValueError("a streaming run needs a checkpoint directory (checkpoint=...)")
+    main_ck = os.path.join(checkpoint, "main")
+    queries = []
+    if source is not None:
+        from pyspark.sql import functions as F
+        bad = (source.invalid.select("raw", "file", "line", "reason",
+                                     F.lit(None).cast("string").alias("category"))
+               .unionByName(source.skipped.select("raw", "file", "line", "reason", "category")))
+
+        def bad_batch(bdf, batch_id):
+            pdf = bdf.toPandas()
+            is_skip = pdf["category"].notna().to_numpy()
+            handle_bad(pdf[~is_skip].drop(columns="category"), pdf[is_skip], batch_id)
+
+        queries.append(bad.writeStream.foreachBatch(bad_batch)
+                       .option("checkpointLocation", os.path.join(checkpoint, "bad_input"))
+                       .trigger(availableNow=True).start())
+        # strict: a bad line stops the run before the table sees its batch
+        if strict:
+            queries[-1].awaitTermination()
+
+    def main_batch(bdf, batch_id):
+        handle(bdf.toArrow(), int(batch_id), _query_id(main_ck))
+
+    queries.append(stream.df.writeStream.foreachBatch(main_batch)
+                   .option("checkpointLocation", main_ck)
+                   .trigger(availableNow=True).start())
+    for q in queries:
+        q.awaitTermination()
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def collect_changes(stream) -> pd.DataFrame:
+    """Emitted changes of a bounded stream, ordered by ``_seq`` (then emission)."""
+    if stream.is_streaming:
+        raise ValueError("collect() needs a bounded stream; write a streaming one to a sink")
+    data, _ = split_metrics(stream.df.toArrow())
+    data["__pos"] = np.arange(len(data))
+    return data.sort_values([SEQ_COL, "__pos"], kind="stable").drop(columns="__pos").reset_index(drop=True)

@@ -1,0 +1,192 @@
+"""Running a keyed operator on Spark: streaming (state store) and batch.
+
+Both group rows by *key group* ``pmod(hash(key), G)`` (like Flink's max
+parallelism), so Spark's Python stateful API is called once per key group per
+micro-batch instead of once per key (~1 ms each, architecture notes), and both
+call the same :func:`~spark_changelog.runtime.keygroup.process_key_group`.
+
+Streaming: ``transformWithStateInPandas`` on the RocksDB state store.  Per key
+group two state variables hold a :class:`~spark_changelog.runtime.state_runs.RunStack`:
+
+* ``meta`` (value state): the ids of the group's runs, oldest first, and the
+  group's emission counter (``OpContext.next_seq``);
+* ``runs`` (map state): run id -> Arrow IPC blob (LZ4), written once when the
+  run is created and removed when it is merged away.
+
+A micro-batch writes one run with the touched keys only, so its state-store
+writes follow the rows and keys it touches.  Decoded runs are cached per Python
+worker (:data:`~spark_changelog.runtime.state_runs.WORKER_CACHE`), so blobs are
+read only on a cache miss.  Checkpoints and restarts are Spark's: the run list
+in ``meta`` is versioned with the rest of the state store, and run ids are
+unique, so a replayed batch can never see a run it did not commit.
+
+Operator counters leave the operator as one extra output row per call
+(``_kind = -1``, JSON in ``_metrics``); :func:`split_metrics` separates them.
+"""
+from __future__ import annotations
+
+import json
+import time
+from typing import Iterator, Optional
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+from pyspark.sql.streaming import StatefulProcessor
+
+from ..model import KIND_COL
+from ..operators.base import KeyedOperator, Metrics, OpContext
+from .keygroup import process_key_group
+from .state_runs import WORKER_CACHE, Run, RunStack, run_schema
+
+KEY_GROUP_COL = "_kg"
+METRICS_COL = "_metrics"
+METRICS_KIND = -1
+DEFAULT_KEY_GROUPS = 32
+
+
+def output_schema_with_metrics(operator: KeyedOperator) -> pa.Schema:
+    return operator.output_schema.append(pa.field(METRICS_COL, pa.string()))
+
+
+def spark_schema(schema: pa.Schema):
+    from pyspark.sql.pandas.types import from_arrow_schema
+    return from_arrow_schema(schema)
+
+
+def _metrics_row(operator: KeyedOperator, metrics: Metrics, extra: Optional[dict] = None) -> pd.DataFrame:
+    payload = {"operator": operator.name, "counters": dict(metrics.counters),
+               "warnings": metrics.warnings[:20]}
+    if extra:
+        payload.update(extra)
+    row = {f.name: [None] for f in operator.output_schema}
+    row[KIND_COL] = [METRICS_KIND]
+    row[METRICS_COL] = [json.dumps(payload)]
+    return pd.DataFrame(row)
+
+
+def _with_metrics(out: pd.DataFrame, operator: KeyedOperator, ctx: OpContext, extra=None) -> pd.DataFrame:
+    out = out.copy()
+    out[METRICS_COL] = None
+    return pd.concat([out, _metrics_row(operator, ctx.metrics, extra)], ignore_index=True)
+
+
+def add_key_group(df, key, key_groups: int):
+    from pyspark.sql import functions as F
+    return df.withColumn(KEY_GROUP_COL, F.pmod(F.hash(*[F.col(k) for k in key]), F.lit(key_groups)))
+
+
+def _input_frame(rows, columns) -> pd.DataFrame:
+    frames = [f for f in rows if len(f)]
+    if not frames:
+        return pd.DataFrame()
+    pdf = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+    # Spark hands columns whose names start with "_" over as "_<position>":
+    # restore the names from the input schema.
+    pdf.columns = list(columns)
+    return pdf.drop(columns=[KEY_GROUP_COL], errors="ignore")
+
+
+class KeyGroupProcessor(StatefulProcessor):
+    """One key group's RunStack in the state store (module docstring)."""
+
+    def __init__(self, operator: KeyedOperator, columns, growth: float, max_runs: int):
+        self.operator = operator
+        self.columns = list(columns)
+        self.growth = growth
+        self.max_runs = max_runs
+
+    def init(self, handle) -> None:
+        self.meta = handle.getValueState("meta", "run_ids STRING, next_seq LONG")
+        self.runs = handle.getMapState("runs", "run_id STRING", "blob BINARY")
+        self.schema = run_schema(self.operator.state_schema)
+
+    def handleInputRows(self, key, rows, timerValues) -> Iterator[pd.DataFrame]:
+        op = self.operator
+        pdf = _input_frame(rows, self.columns)
+        if pdf.empty:
+            return
+        t0 = time.perf_counter()
+        meta = self.meta.get() if self.meta.exists() else None
+        run_ids = json.loads(meta[0]) if meta else []
+        next_seq = int(meta[1]) if meta else 0
+        loaded = []
+        misses = 0
+        for rid in run_ids:
+            run = WORKER_CACHE.get(rid)
+            if run is None:
+                misses += 1
+                blob = self.runs.getValue((rid,))
+                if blob is None:
+                    raise RuntimeError(f"{op.name}: state run {rid} of key group {key} is missing")
+                run = Run.from_bytes(rid, bytes(blob[0]), op.key)
+                WORKER_CACHE.put(run)
+            loaded.append(run)
+        stack = RunStack(op.key, loaded, growth=self.growth, max_runs=self.max_runs)
+        ctx = OpContext(processing_time_ms=int(timerValues.getCurrentProcessingTimeInMs()),
+                        next_seq=next_seq)
+        out = process_key_group(op, stack, pdf, ctx)
+        before = set(run_ids)
+        after = [r.id for r in stack.runs]
+        written = 0
+        for run in stack.runs:
+            if run.id not in before:
+                self.runs.updateValue((run.id,), (run.to_bytes(self.schema),))
+                WORKER_CACHE.put(run)
+                written += run.size
+        for rid in before.difference(after):
+            self.runs.removeKey((rid,))
+            WORKER_CACHE.discard(rid)
+        self.meta.update((json.dumps(after), int(ctx.next_seq)))
+        yield _with_metrics(out, op, ctx, {
+            "state_rows": stack.size, "runs": len(after), "rows_written": written,
+            "cache_misses": misses, "seconds": time.perf_counter() - t0})
+
+    def close(self) -> None:
+        pass
+
+
+def apply_keyed(df, operator: KeyedOperator, *, key_groups: int = DEFAULT_KEY_GROUPS,
+                growth: float = 1.0, max_runs: int = 8, processing_time_ms: Optional[int] = None):
+    """The operator's output (plus metric rows) as a Spark DataFrame.
+
+    A streaming ``df`` runs with state in the state store; a bounded one is
+    processed in one go per key group, with the same operator code.
+    """
+    keyed = add_key_group(df, operator.key, key_groups)
+    grouped = keyed.groupBy(KEY_GROUP_COL)
+    out_schema = spark_schema(output_schema_with_metrics(operator))
+    if df.isStreaming:
+        processor = KeyGroupProcessor(operator, keyed.columns, growth, max_runs)
+        return grouped.transformWithStateInPandas(
+            statefulProcessor=processor, outputStructType=out_schema,
+            outputMode="Append", timeMode="None")
+
+    now = int(time.time() * 1000) if processing_time_ms is None else processing_time_ms
+
+    def run_group(pdf: pd.DataFrame) -> pd.DataFrame:
+        pdf = pdf.drop(columns=[KEY_GROUP_COL], errors="ignore")
+        ctx = OpContext(processing_time_ms=now)
+        out = process_key_group(operator, None, pdf, ctx)
+        return _with_metrics(out, operator, ctx, {"state_rows": 0})
+
+    return grouped.applyInPandas(run_group, schema=out_schema)
+
+
+def split_metrics(pdf: pd.DataFrame) -> tuple[pd.DataFrame, list[dict]]:
+    """Separate the data rows of an operator output from its metric rows."""
+    if METRICS_COL not in pdf.columns:
+        return pdf, []
+    is_metric = pdf[KIND_COL].to_numpy(dtype=np.int64) == METRICS_KIND
+    metrics = [json.loads(s) for s in pdf.loc[is_metric, METRICS_COL]]
+    data = pdf[~is_metric].drop(columns=[METRICS_COL]).reset_index(drop=True)
+    data[KIND_COL] = data[KIND_COL].astype(np.int8)
+    return data, metrics
+
+
+def sum_counters(metrics: list[dict]) -> dict:
+    total: dict = {}
+    for m in metrics:
+        for k, v in m.get("counters", {}).items():
+            total[k] = total.get(k, 0) + v
+    return total

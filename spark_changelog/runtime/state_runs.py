@@ -1,0 +1,230 @@
+"""Keyed state of one key group as a small log-structured merge of immutable runs.
+
+Why (docs/runtime.md has the measurements): Spark's Python stateful APIs cost
+about a millisecond per call, so state is kept per *key group* (many keys), not
+per key.  If a key group's state were one blob, every micro-batch that touches
+the group would rewrite all of it, and a 1M-row batch over 5M keys touches
+every group: cost would follow the state size instead of the batch.
+
+So the state of a key group is a list of immutable *runs*, oldest first.  A
+micro-batch writes one new run holding only the keys it touched (their complete
+new state rows, or a *cleared* marker for a key whose state is now empty).
+Lookups take each key from the newest run that has it.  Runs are merged
+size-tiered (two newest runs merge when the older is not larger than
+``growth`` times the newer), so each row is rewritten about log(state/batch)
+times, and a *full* merge (one that reaches the oldest run) is where expired
+state is dropped (operator ``retain``) and cleared markers disappear: dropping
+them earlier would let an older run's value resurface.
+
+Runs are immutable and named by a random id, so a worker process may cache the
+decoded runs it has seen; the Spark runtime reads a run from the state store
+only on a cache miss (a restart, or a group moving to another worker).
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import io
+import threading
+import uuid
+from typing import Optional, Sequence
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+CLEARED_COL = "__cleared"
+
+
+def _factorize_keys(df: pd.DataFrame, key: Sequence[str]):
+    if len(key) == 1:
+        codes, uniques = pd.factorize(df[key[0]], use_na_sentinel=False)
+        return codes, pd.Index(uniques)
+    mi = pd.MultiIndex.from_frame(df[list(key)])
+    codes, uniques = mi.factorize()
+    return codes, uniques
+
+
+def _ranges_to_indices(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """Concatenated ``arange(s, s+l)`` for each range, vectorized."""
+    total = int(lens.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    offsets = np.repeat(starts - np.concatenate(([0], np.cumsum(lens)[:-1])), lens)
+    return offsets + np.arange(total, dtype=np.int64)
+
+
+@dataclasses.dataclass
+class Run:
+    """An immutable, key-grouped table of state rows (plus cleared markers)."""
+
+    id: str
+    rows: pd.DataFrame           # grouped by key, a key's rows in their stored order
+    uniques: pd.Index            # distinct keys, aligned with starts/lens
+    starts: np.ndarray
+    lens: np.ndarray
+
+    @property
+    def size(self) -> int:
+        return len(self.rows)
+
+    @classmethod
+    def build(cls, rows: pd.DataFrame, key: Sequence[str], run_id: Optional[str] = None) -> "Run":
+        rows = rows.reset_index(drop=True)
+        if len(rows):
+            codes, uniques = _factorize_keys(rows, key)
+            order = np.argsort(codes, kind="stable")
+            rows = rows.take(order).reset_index(drop=True)
+            codes = codes[order]
+            starts = np.searchsorted(codes, np.arange(len(uniques)), side="left")
+            ends = np.searchsorted(codes, np.arange(len(uniques)), side="right")
+        else:
+            uniques = pd.Index([]) if len(key) == 1 else pd.MultiIndex.from_arrays([[]] * len(key))
+            starts = ends = np.zeros(0, dtype=np.int64)
+        return cls(run_id or uuid.uuid4().hex, rows, uniques, starts.astype(np.int64),
+                   (ends - starts).astype(np.int64))
+
+    # -- (de)serialization: Arrow IPC, compressed ------------------------------
+    def to_bytes(self, schema: pa.Schema) -> bytes:
+        table = pa.Table.from_pandas(self.rows, schema=schema, preserve_index=False)
+        sink = io.BytesIO()
+        with pa.ipc.new_stream(sink, table.schema,
+                               options=pa.ipc.IpcWriteOptions(compression="lz4")) as w:
+            w.write_table(table)
+        return sink.getvalue()
+
+    @classmethod
+    def from_bytes(cls, run_id: str, blob: bytes, key: Sequence[str]) -> "Run":
+        table = pa.ipc.open_stream(pa.BufferReader(blob)).read_all()
+        return cls.build(table.to_pandas(), key, run_id)
+
+
+def run_schema(state_schema: pa.Schema) -> pa.Schema:
+    return state_schema.append(pa.field(CLEARED_COL, pa.bool_()))
+
+
+class RunStack:
+    """The runs of one key group, oldest first, and the merge policy."""
+
+    def __init__(self, key: Sequence[str], runs: Sequence[Run] = (), *, growth: float = 1.0,
+                 max_runs: int = 8):
+        self.key = list(key)
+        self.runs = list(runs)
+        self.growth = growth
+        self.max_runs = max_runs
+
+    @property
+    def size(self) -> int:
+        return sum(r.size for r in self.runs)
+
+    def lookup(self, keys: pd.DataFrame) -> Optional[pd.DataFrame]:
+        """All live state rows of ``keys`` (distinct), each key from its newest
+        run; ``None`` when there are none."""
+        if not self.runs or keys.empty:
+            return None
+        want = keys[self.key[0]] if len(self.key) == 1 else pd.MultiIndex.from_frame(keys[self.key])
+        want = pd.Index(want)
+        unresolved = np.ones(len(want), dtype=bool)
+        parts = []
+        for run in reversed(self.runs):
+            if not unresolved.any():
+                break
+            if not len(run.uniques):
+                continue
+            pos = np.asarray(run.uniques.get_indexer(want[unresolved]), dtype=np.int64)
+            hit = pos >= 0
+            if hit.any():
+                p = pos[hit]
+                parts.append(run.rows.take(_ranges_to_indices(run.starts[p], run.lens[p])))
+                idx = np.flatnonzero(unresolved)[hit]
+                unresolved[idx] = False
+        if not parts:
+            return None
+        found = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0].reset_index(drop=True)
+        return found[~found[CLEARED_COL].to_numpy(dtype=bool)].drop(columns=CLEARED_COL).reset_index(drop=True)
+
+    def new_run(self, touched: pd.DataFrame, new_state: pd.DataFrame) -> Run:
+        """The run recording a batch: new rows of touched keys, markers for cleared ones."""
+        from ..operators.keys import rows_with_keys
+        present = rows_with_keys(touched, self.key, new_state)
+        markers = touched[~present].copy()
+        rows = new_state.copy()
+        rows[CLEARED_COL] = False
+        if len(markers):
+            for c in new_state.columns:
+                if c not in markers.columns:
+                    markers[c] = None
+            markers = markers[list(new_state.columns)]
+            markers[CLEARED_COL] = True
+            rows = pd.concat([rows, markers], ignore_index=True) if len(rows) else markers
+        return Run.build(rows, self.key)
+
+    def push(self, run: Run, retain=None) -> None:
+        """Add a batch's run and merge per policy; ``retain(rows) -> bool mask``
+        is applied on full merges only.  Callers diff run ids before and after
+        to know what to write and delete."""
+        self.runs.append(run)
+        while len(self.runs) >= 2 and (
+                self.runs[-2].size <= self.growth * self.runs[-1].size or len(self.runs) > self.max_runs):
+            full = len(self.runs) == 2
+            self.runs[-2:] = [merge_runs(self.runs[-2], self.runs[-1], self.key, full=full, retain=retain)]
+
+
+def merge_runs(older: Run, newer: Run, key: Sequence[str], *, full: bool, retain=None) -> Run:
+    """Keys of ``newer`` replace those of ``older``; on a full merge markers and
+    rows rejected by ``retain`` are dropped."""
+    if len(older.uniques) and len(newer.uniques):
+        shadowed = np.asarray(older.uniques.isin(newer.uniques), dtype=bool)
+        keep_old = _ranges_to_indices(older.starts[~shadowed], older.lens[~shadowed])
+        rows = pd.concat([older.rows.take(keep_old), newer.rows], ignore_index=True)
+    else:
+        rows = pd.concat([older.rows, newer.rows], ignore_index=True)
+    if full:
+        rows = rows[~rows[CLEARED_COL].to_numpy(dtype=bool)]
+        if retain is not None and len(rows):
+            mask = retain(rows.drop(columns=CLEARED_COL))
+            if mask is not None:
+                rows = rows[np.asarray(mask, dtype=bool)]
+    return Run.build(rows, key)
+
+
+class RunCache:
+    """Decoded runs by id, per worker process, bounded by total rows (LRU)."""
+
+    def __init__(self, max_rows: int = 50_000_000):
+        self.max_rows = max_rows
+        self._runs: "collections.OrderedDict[str, Run]" = collections.OrderedDict()
+        self._rows = 0
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, run_id: str) -> Optional[Run]:
+        with self._lock:
+            run = self._runs.get(run_id)
+            if run is not None:
+                self._runs.move_to_end(run_id)
+                self.hits += 1
+            else:
+                self.misses += 1
+            return run
+
+    def put(self, run: Run) -> None:
+        with self._lock:
+            if run.id in self._runs:
+                return
+            self._runs[run.id] = run
+            self._rows += run.size
+            while self._rows > self.max_rows and len(self._runs) > 1:
+                _, old = self._runs.popitem(last=False)
+                self._rows -= old.size
+
+    def discard(self, run_id: str) -> None:
+        with self._lock:
+            old = self._runs.pop(run_id, None)
+            if old is not None:
+                self._rows -= old.size
+
+
+#: one cache per Python worker process (workers are reused across tasks)
+WORKER_CACHE = RunCache()

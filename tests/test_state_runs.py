@@ -1,0 +1,82 @@
+"""The key group's run stack (runtime.state_runs) behaves like one flat state."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+from hypothesis import given, settings, strategies as st
+
+from changelog_data import schema_of, to_frame, to_rows
+from spark_changelog.operators.base import OpContext
+from spark_changelog.operators.normalize import ChangelogNormalize
+from spark_changelog.runtime.keygroup import process_key_group
+from spark_changelog.runtime.local import LocalRunner
+from spark_changelog.runtime.state_runs import Run, RunStack, run_schema
+
+COLS = ["id", "v"]
+SCHEMA = schema_of(COLS, [pa.int64(), pa.string()])
+
+change = st.tuples(st.sampled_from(["+I", "+U", "-D", "-U"]), st.integers(0, 6), st.sampled_from(["a", "b", "c"]))
+
+
+@settings(max_examples=40, deadline=None)
+@given(batches=st.lists(st.lists(change, min_size=1, max_size=12), min_size=1, max_size=8),
+       growth=st.sampled_from([0.5, 1.0, 4.0]), max_runs=st.sampled_from([2, 3, 8]),
+       roundtrip=st.booleans())
+def test_run_stack_equals_flat_state(batches, growth, max_runs, roundtrip):
+    op = ChangelogNormalize(SCHEMA, ["id"], tombstone_retention_ms=None)
+    flat = LocalRunner(op)
+    stack = RunStack(["id"], growth=growth, max_runs=max_runs)
+    seq = 0
+    for b in batches:
+        rows = []
+        for kind, k, v in b:
+            seq += 1
+            rows.append([kind, [k, v], seq])
+        df = to_frame(rows, COLS)
+        expected = flat.run_batch(df, processing_time_ms=0)
+        if roundtrip:  # what a restart does: decode every run from its blob
+            stack = RunStack(["id"], [Run.from_bytes(r.id, r.to_bytes(run_schema(op.state_schema)), ["id"])
+                                      for r in stack.runs], growth=growth, max_runs=max_runs)
+        got = process_key_group(op, stack, df, OpContext(processing_time_ms=0))
+        assert to_rows(got, COLS) == to_rows(expected, COLS)
+        assert len(stack.runs) <= max_runs + 1
+    everything = pd.DataFrame({"id": range(7)})
+    live = stack.lookup(everything)
+    flat_state = flat.state.sort_values("id").reset_index(drop=True)
+    if live is None:
+        assert flat_state.empty
+    else:
+        live = live.sort_values("id").reset_index(drop=True)
+        cols = ["id", "v", "_seq", "_deleted"]
+        assert (live[cols].astype(object).values.tolist()
+                == flat_state[cols].astype(object).values.tolist())
+
+
+def test_batch_touching_few_keys_writes_only_those():
+    op = ChangelogNormalize(SCHEMA, ["id"])
+    stack = RunStack(["id"], growth=1.0)
+    big = to_frame([["+I", [k, "x"], k] for k in range(10_000)], COLS)
+    process_key_group(op, stack, big, OpContext(processing_time_ms=0))
+    assert [r.size for r in stack.runs] == [10_000]
+    small = to_frame([["+U", [k, "y"], 20_000 + k] for k in range(10)], COLS)
+    before = {r.id for r in stack.runs}
+    process_key_group(op, stack, small, OpContext(processing_time_ms=0))
+    new = [r for r in stack.runs if r.id not in before]
+    # the big run is untouched; the batch wrote a run of its 10 keys
+    assert [r.size for r in stack.runs] == [10_000, 10] and [r.size for r in new] == [10]
+
+
+def test_full_merge_drops_expired_state_and_cleared_markers():
+    op = ChangelogNormalize(SCHEMA, ["id"], tombstone_retention_ms=100)
+    stack = RunStack(["id"], growth=1.0)
+    ctx = OpContext(processing_time_ms=0)
+    process_key_group(op, stack, to_frame([["+I", [1, "a"], 1], ["+I", [2, "b"], 2]], COLS), ctx)
+    process_key_group(op, stack, to_frame([["-D", [1, None], 3], ["+U", [2, "c"], 4]], COLS), ctx)
+    # the equal-size push merged both runs fully at t=0: the tombstone is young and stays
+    assert [r.size for r in stack.runs] == [2]
+    later = OpContext(processing_time_ms=1000)
+    process_key_group(op, stack, to_frame([["+U", [2, "d"], 5], ["+I", [3, "e"], 6]], COLS), later)
+    live = stack.lookup(pd.DataFrame({"id": [1, 2, 3]})).sort_values("id")
+    assert live["id"].tolist() == [2, 3] and live["v"].tolist() == ["d", "e"]
+    assert later.metrics.counters["tombstones_expired"] == 1
