@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import pytest
 
+from pgserver import pg_server  # noqa: F401  (session fixture: a private PostgreSQL 15)
+
 
 @pytest.fixture(scope="session")
 def spark():

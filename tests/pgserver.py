@@ -2,8 +2,8 @@
 
 ``PgServer`` runs ``initdb`` + ``pg_ctl start`` in a fresh temporary directory,
 listening on a free port of 127.0.0.1 only, with trust authentication,
-``wal_level=logical`` (logical replication sources) and durability switched off
-(``fsync``, ``synchronous_commit``, ``full_page_writes``) for speed.  Stopping it
+``wal_level=logical`` (logical replication sources) and ``fsync``/``full_page_writes``
+off for speed (``synchronous_commit`` stays on: a killed server loses no commit).  Stopping it
 (``pg_ctl stop -m fast``) deletes the directory; this also happens when the
 session fails, and from ``atexit`` as a last resort.
 
@@ -102,8 +102,10 @@ class PgServer:
             "max_wal_senders": "10",
             "max_replication_slots": "10",
             "max_connections": "100",
+            # fsync off: commits reach the OS page cache only, which survives any crash of the
+            # server's processes (not of the machine).  synchronous_commit stays on, else an
+            # immediate shutdown would lose the last commits and break exactly-once tests.
             "fsync": "off",
-            "synchronous_commit": "off",
             "full_page_writes": "off",
             "shared_buffers": "128MB",
             "max_wal_size": "2GB",
@@ -254,6 +256,18 @@ class PgServer:
                 except ProcessLookupError:
                     return
                 time.sleep(0.05)
+
+    # -- server restarts (for tests of connection loss) -----------------------
+    def shutdown(self, mode: str = "fast") -> None:
+        """Stop the server process but keep its data directory (see :meth:`restart`)."""
+        self._run([self._exe("pg_ctl"), "-D", self.datadir, "-m", mode, "-w", "-t", "60", "stop"], timeout=90)
+
+    def restart(self) -> None:
+        """Start the server again after :meth:`shutdown`, on the same port."""
+        self._run([self._exe("pg_ctl"), "-D", self.datadir, "-l", self.logfile, "-w",
+                   "-t", str(int(self.start_timeout_s)), "-o", f"-p {self.port}", "start"],
+                  timeout=self.start_timeout_s + 30)
+        self._wait_ready()
 
     # -- conveniences ------------------------------------------------------
     def create_database(self, name: str) -> str:

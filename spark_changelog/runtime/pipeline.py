@@ -115,7 +115,6 @@ def run_to_sink(stream, table, *, checkpoint: Optional[str] = None,
                 changelog_path: Optional[str] = None, changelog_format: str = "parquet",
                 dead_letter: Optional[str] = None, strict: bool = False, key=None,
                 progress: Optional[Callable[[RunReport], None]] = None) -> RunReport:
-    from ..connectors.dead_letter import write_dead_letter
     from ..sinks.changelog import ChangelogSink
     from ..sinks.delta import DeltaUpsertSink
 
@@ -155,6 +154,7 @@ def run_to_sink(stream, table, *, checkpoint: Optional[str] = None,
                 raise ValueError(
                     f"{len(invalid)} invalid input row(s) and no dead-letter directory: first: "
                     f"{invalid.iloc[0].to_dict()}")
+            from ..connectors.dead_letter import write_dead_letter
             write_dead_letter(invalid, dead_letter, batch_id=batch_id)
         report.invalid += len(invalid)
         if len(skipped):
