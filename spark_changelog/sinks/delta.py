@@ -1,0 +1,403 @@
+"""Upsert table sink on Delta Lake, written with ``deltalake`` (delta-rs).
+
+One micro-batch becomes exactly one Delta commit:
+
+1. the batch is reduced to the net change of each primary key
+   (:func:`~spark_changelog.sinks.base.net_changes_per_key`: the last change by
+   ``_seq``, retractions before additions at equal ``_seq``);
+2. one ``MERGE`` on the primary key applies it: matched + net retraction
+   (``-U``/``-D``) -> delete, matched + net ADD (``+I``/``+U``) -> update all
+   columns, not matched + ADD -> insert.  A retraction of a key that is not in
+   the table does nothing (it is counted as ``missing_deletes``);
+3. the commit carries a Delta *application transaction* (``txn`` action)
+   ``appId = query_id, version = batch_id``.  Before merging, the sink reads the
+   table's last version for ``query_id`` and skips a batch whose id is ``<=``
+   it (``skipped_replay``), so a batch replayed after a crash is applied once.
+
+Data and progress are in the same commit: a reader (or a crash) sees either
+the whole batch and its batch id, or neither.
+
+Decisions
+---------
+* **Batches that change nothing still commit their batch id**
+  (``commit_empty_batches=True``, the default): an empty batch, or one whose
+  net changes are all deletes of absent keys (delta-rs skips the commit of such
+  a no-op ``MERGE``), is recorded by a commit holding only the ``txn`` action
+  (about 300 bytes of log, no data file).  Progress in the table then always
+  equals the last batch the query handed over, which is what a demanding
+  exactly-once consumer checks (a restarted query whose checkpoint is behind
+  the table is visible at once).  Pass ``commit_empty_batches=False`` for
+  queries with frequent empty triggers: nothing is committed for them, which
+  is still correct for a single writer, because replaying a batch that changed
+  nothing changes nothing.
+* **Primary key**: recorded as the table property ``spark_changelog.primary_key``
+  (a JSON list) and in the table description; the key columns are declared
+  ``NOT NULL`` in the Delta schema (Delta enforces it, a second safety net).
+* **Null keys** raise :class:`ValueError` naming the column and the row.  The
+  caller is expected to send such rows to the dead-letter output first.
+* **Typing**: the batch is converted with the sink's Arrow schema
+  (``pa.Table.from_pandas(..., schema=...)``), so a ``bigint`` column that
+  pandas turned into ``float64`` because of nulls is written back as ``int64``
+  (a non-integral float is an error, never silently truncated).
+* **Performance**: ``MERGE`` runs with ``streamed_exec=False``: the batch is
+  already in memory, and this lets delta-rs derive a pruning predicate from the
+  batch's key range, so files whose key range the batch does not touch are
+  neither read nor rewritten (measured: 100k new keys into a 5M-row table of
+  20 files 0.15 s instead of 0.9 s with ``streamed_exec=True``).  Delta is
+  copy-on-write (delta-rs writes no deletion vectors): a batch touching keys
+  spread over the whole table rewrites the whole table, so the cost of such a
+  batch grows with the table (1M upserts into 1M rows ~1.3-2 s; 100k random
+  upserts into 5M rows ~3 s, 2 idle cores).  To keep key-local batches (recent
+  rows, new keys) cheap, tables are created with ``delta.targetFileSize`` =
+  32 MiB (override through ``configuration``) instead of delta-rs' 100 MB, so
+  a 5M-row table is several key-clustered files rather than one, and
+  :meth:`DeltaUpsertSink.optimize` re-clusters by key when merges have mixed
+  the files.
+* **One writer per query id**: the skip check and the commit are not one
+  atomic step; like Spark's own Delta sink, it relies on a query running once
+  at a time (Spark guarantees it per checkpoint).
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Mapping, Optional, Sequence
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from ..model import KIND_COL, METADATA_COLUMNS, SEQ_COL, as_key
+from ..model.rowkind import IS_ADD
+from .base import UpsertSink, net_changes_per_key
+
+PRIMARY_KEY_PROPERTY = "spark_changelog.primary_key"
+#: ``delta.targetFileSize`` given to tables the sink creates, unless configured.
+DEFAULT_TARGET_FILE_SIZE = 32 * 1024 * 1024
+_ADD_COL = "__spark_changelog_is_add"
+
+__all__ = ["DeltaUpsertSink", "DeltaSinkSchemaError", "PRIMARY_KEY_PROPERTY", "read_table",
+           "table_key"]
+
+
+class DeltaSinkSchemaError(ValueError):
+    """The existing table does not match the sink's schema, key or partitioning."""
+
+
+def _deltalake():
+    import deltalake  # imported lazily: only this sink needs it
+
+    return deltalake
+
+
+def _quote(col: str) -> str:
+    return "`" + col.replace("`", "``") + "`"
+
+
+def _field_json(schema) -> dict[str, dict]:
+    """name -> {"type", "nullable"} of a deltalake Schema (types as Delta JSON)."""
+    return {f["name"]: {"type": f["type"], "nullable": f["nullable"]}
+            for f in json.loads(schema.to_json())["fields"]}
+
+
+def _type_text(t: Any) -> str:
+    return t if isinstance(t, str) else json.dumps(t, sort_keys=True)
+
+
+def _open(path: str, storage_options: Optional[dict]):
+    dl = _deltalake()
+    return dl.DeltaTable(path, storage_options=storage_options)
+
+
+def _recorded_key(dt) -> tuple[str, ...]:
+    raw = dt.metadata().configuration.get(PRIMARY_KEY_PROPERTY)
+    return tuple(json.loads(raw)) if raw else ()
+
+
+def table_key(path: "str | os.PathLike", storage_options: Optional[dict] = None) -> tuple[str, ...]:
+    """The primary key recorded in the table at ``path`` (``()`` when the table
+    was not created by this sink and has no key recorded)."""
+    return _recorded_key(_open(os.fspath(path), storage_options))
+
+
+def _nullable_types(t: pa.DataType):
+    """Arrow -> pandas dtype for ``to_pandas``: integers and booleans become the
+    nullable extension dtypes so that a null never turns a bigint into a float."""
+    if pa.types.is_integer(t):
+        return pd.api.types.pandas_dtype(
+            {8: "Int8", 16: "Int16", 32: "Int32", 64: "Int64"}[t.bit_width]
+            if pa.types.is_signed_integer(t) else
+            {8: "UInt8", 16: "UInt16", 32: "UInt32", 64: "UInt64"}[t.bit_width])
+    if pa.types.is_boolean(t):
+        return pd.BooleanDtype()
+    return None
+
+
+def read_table(path: "str | os.PathLike", storage_options: Optional[dict] = None) -> pd.DataFrame:
+    """The current rows of the Delta table at ``path``, sorted by its primary key.
+
+    Integer and boolean columns use pandas' nullable dtypes (``Int64``,
+    ``boolean``), whether or not they hold nulls, so types are exact and stable.
+    """
+    dt = _open(os.fspath(path), storage_options)
+    key = _recorded_key(dt)
+    tbl = dt.to_pyarrow_table()
+    if key:
+        tbl = tbl.sort_by([(k, "ascending") for k in key])
+    return tbl.to_pandas(types_mapper=_nullable_types).reset_index(drop=True)
+
+
+class DeltaUpsertSink(UpsertSink):
+    """Upsert sink writing the net change of each micro-batch with one Delta MERGE.
+
+    ``schema`` is the Arrow schema of the data columns (no ``_kind``/``_seq``).
+    The table is created on first use; an existing table must have the same
+    columns and types, the same recorded primary key and (when ``partition_by``
+    is given) the same partition columns, else :class:`DeltaSinkSchemaError`.
+    ``adopt_existing=True`` records the key in a table that has none (for
+    example one created by another tool); it is then the caller's promise that
+    the key is unique.
+    """
+
+    def __init__(
+        self,
+        path: "str | os.PathLike",
+        key: "str | Sequence[str]",
+        schema: pa.Schema,
+        partition_by: "str | Sequence[str] | None" = None,
+        *,
+        commit_empty_batches: bool = True,
+        storage_options: Optional[dict] = None,
+        configuration: Optional[Mapping[str, Optional[str]]] = None,
+        writer_properties: Any = None,
+        streamed_exec: bool = False,
+        adopt_existing: bool = False,
+    ) -> None:
+        self.path = os.fspath(path)
+        self.key = as_key(key)
+        self.schema = pa.schema(schema)
+        self.partition_by = as_key(partition_by) if partition_by is not None else None
+        self.commit_empty_batches = commit_empty_batches
+        self.storage_options = storage_options
+        self.configuration = dict(configuration or {})
+        self.writer_properties = writer_properties
+        self.streamed_exec = streamed_exec
+        self.adopt_existing = adopt_existing
+        self.columns = tuple(self.schema.names)
+        self._check_definition()
+        self._dt = None
+
+    # ------------------------------------------------------------------ setup
+    def _check_definition(self) -> None:
+        if not self.key:
+            raise ValueError("DeltaUpsertSink needs a primary key (at least one column)")
+        if len(set(self.columns)) != len(self.columns):
+            raise ValueError(f"duplicate column names in sink schema: {list(self.columns)}")
+        missing = [k for k in self.key if k not in self.columns]
+        if missing:
+            raise ValueError(f"primary key column(s) {missing} not among sink columns {list(self.columns)}")
+        reserved = [c for c in self.columns if c in METADATA_COLUMNS or c == _ADD_COL]
+        if reserved:
+            raise ValueError(f"sink schema must hold data columns only; {reserved} are reserved "
+                             f"for changelog metadata")
+        if self.partition_by:
+            missing = [c for c in self.partition_by if c not in self.columns]
+            if missing:
+                raise ValueError(f"partition column(s) {missing} not among sink columns {list(self.columns)}")
+
+    def _delta_schema(self):
+        dl = _deltalake()
+        fields = [f.with_nullable(False) if f.name in self.key else f for f in self.schema]
+        return dl.Schema.from_arrow(pa.schema(fields))
+
+    def _table(self):
+        """The (refreshed) table, created on first use and validated once."""
+        if self._dt is not None:
+            self._dt.update_incremental()
+            return self._dt
+        dl = _deltalake()
+        if not dl.DeltaTable.is_deltatable(self.path, self.storage_options):
+            config = {"delta.targetFileSize": str(DEFAULT_TARGET_FILE_SIZE), **self.configuration,
+                      PRIMARY_KEY_PROPERTY: json.dumps(list(self.key))}
+            try:
+                dl.DeltaTable.create(
+                    self.path, self._delta_schema(), mode="error",
+                    partition_by=list(self.partition_by or []) or None,
+                    description=f"spark_changelog upsert table, primary key ({', '.join(self.key)})",
+                    configuration=config, storage_options=self.storage_options,
+                    raise_if_key_not_exists=False)
+            except Exception:
+                # another writer may have created it in the meantime: validate that one
+                if not dl.DeltaTable.is_deltatable(self.path, self.storage_options):
+                    raise
+        dt = dl.DeltaTable(self.path, storage_options=self.storage_options)
+        self._validate_existing(dt)
+        self._dt = dt
+        return dt
+
+    def _validate_existing(self, dt) -> None:
+        where = f"Delta table at {self.path!r}"
+        conf = dt.metadata().configuration
+        raw = conf.get(PRIMARY_KEY_PROPERTY)
+        if raw is None:
+            if not self.adopt_existing:
+                raise DeltaSinkSchemaError(
+                    f"{where} has no primary key recorded (table property {PRIMARY_KEY_PROPERTY!r}); "
+                    f"it was not created by DeltaUpsertSink. Pass adopt_existing=True to record "
+                    f"key {list(self.key)} in it.")
+            dt.alter.set_table_properties({PRIMARY_KEY_PROPERTY: json.dumps(list(self.key))},
+                                          raise_if_not_exists=False)
+            dt.update_incremental()
+        elif tuple(json.loads(raw)) != self.key:
+            raise DeltaSinkSchemaError(
+                f"{where} has primary key {json.loads(raw)}, but the sink declares {list(self.key)}")
+
+        have, want = _field_json(dt.schema()), _field_json(self._delta_schema())
+        problems = []
+        for name in want:
+            if name not in have:
+                problems.append(f"column {name!r} ({_type_text(want[name]['type'])}) is missing from the table")
+            elif have[name]["type"] != want[name]["type"]:
+                problems.append(f"column {name!r} is {_type_text(have[name]['type'])} in the table, "
+                                f"{_type_text(want[name]['type'])} in the sink schema")
+            elif name not in self.key and have[name]["nullable"] != want[name]["nullable"]:
+                problems.append(f"column {name!r} is {'' if have[name]['nullable'] else 'NOT '}NULL "
+                                f"in the table, {'' if want[name]['nullable'] else 'NOT '}NULL in the "
+                                f"sink schema")
+        problems += [f"table column {name!r} ({_type_text(have[name]['type'])}) is not in the sink schema"
+                     for name in have if name not in want]
+        if problems:
+            raise DeltaSinkSchemaError(f"{where} does not match the sink schema: " + "; ".join(problems))
+        parts = tuple(dt.metadata().partition_columns)
+        if self.partition_by is not None and parts != tuple(self.partition_by):
+            raise DeltaSinkSchemaError(
+                f"{where} is partitioned by {list(parts)}, but the sink declares {list(self.partition_by)}")
+
+    def optimize(self, *, target_size: Optional[int] = None) -> dict:
+        """Compact the table and cluster it by the primary key (delta-rs
+        ``optimize.z_order`` on the key columns; for one column that is a sort).
+
+        Merges rewrite whole files and mix key ranges over time; after this,
+        batches touching a narrow key range rewrite only the few files covering
+        it again.  Data is unchanged and no batch id is recorded.  Run it between
+        batches (it is a separate commit that a concurrent MERGE may conflict with).
+        """
+        dt = self._table()
+        metrics = dt.optimize.z_order(list(self.key), target_size=target_size)
+        dt.update_incremental()
+        return metrics
+
+    # --------------------------------------------------------------- progress
+    def last_batch_id(self, query_id: str) -> int:
+        version = self._table().transaction_version(query_id)
+        return -1 if version is None else int(version)
+
+    def _commit_properties(self, query_id: str, batch_id: int):
+        dl = _deltalake()
+        return dl.CommitProperties(
+            app_transactions=[dl.Transaction(app_id=query_id, version=batch_id)],
+            custom_metadata={"spark_changelog.query_id": query_id,
+                             "spark_changelog.batch_id": batch_id})
+
+    def _commit_progress_only(self, dt, query_id: str, batch_id: int) -> None:
+        """A commit with no data, holding only the ``txn`` action."""
+        dt.create_write_transaction(
+            [], mode="append", schema=dt.schema(),
+            partition_by=list(dt.metadata().partition_columns) or None,
+            commit_properties=self._commit_properties(query_id, batch_id))
+        dt.update_incremental()
+
+    # ------------------------------------------------------------------ write
+    def write_batch(self, changes: pd.DataFrame, *, query_id: str, batch_id: int) -> dict:
+        if not isinstance(query_id, str) or not query_id:
+            raise ValueError(f"query_id must be a non-empty string, got {query_id!r}")
+        if isinstance(batch_id, bool) or not isinstance(batch_id, (int, np.integer)) or batch_id < 0:
+            raise ValueError(f"batch_id must be an integer >= 0, got {batch_id!r}")
+        batch_id = int(batch_id)
+        result = {"batch_id": batch_id, "upserted": 0, "inserted": 0, "updated": 0, "deleted": 0,
+                  "missing_deletes": 0, "skipped_replay": False, "committed": False}
+
+        dt = self._table()
+        last = dt.transaction_version(query_id)
+        if last is not None and batch_id <= last:
+            result["skipped_replay"] = True
+            result["table_version"] = dt.version()
+            return result
+
+        if len(changes) == 0:
+            if self.commit_empty_batches:
+                self._commit_progress_only(dt, query_id, batch_id)
+                result["committed"] = True
+            result["table_version"] = dt.version()
+            return result
+
+        self._check_batch(changes, query_id, batch_id)
+        net = net_changes_per_key(changes[list(self.columns) + [KIND_COL, SEQ_COL]], self.key)
+        is_add = IS_ADD[net[KIND_COL].to_numpy(dtype=np.int64)]
+        source = self._to_arrow(net[list(self.columns)], query_id, batch_id)
+        source = source.append_column(pa.field(_ADD_COL, pa.bool_(), nullable=False), pa.array(is_add))
+
+        on = " AND ".join(f"t.{_quote(k)} = s.{_quote(k)}" for k in self.key)
+        add, retract = f"s.{_quote(_ADD_COL)}", f"NOT s.{_quote(_ADD_COL)}"
+        metrics = (
+            dt.merge(source, on, source_alias="s", target_alias="t",
+                     streamed_exec=self.streamed_exec, writer_properties=self.writer_properties,
+                     commit_properties=self._commit_properties(query_id, batch_id))
+            .when_matched_delete(retract)
+            .when_matched_update_all(add, except_cols=[_ADD_COL])
+            .when_not_matched_insert_all(add, except_cols=[_ADD_COL])
+            .execute())
+        # delta-rs does not commit a MERGE that changes nothing: record the batch anyway
+        if dt.transaction_version(query_id) == batch_id:
+            result["committed"] = True
+        elif self.commit_empty_batches:
+            self._commit_progress_only(dt, query_id, batch_id)
+            result["committed"] = True
+        n_retract = int((~is_add).sum())
+        result.update(
+            inserted=int(metrics["num_target_rows_inserted"]),
+            updated=int(metrics["num_target_rows_updated"]),
+            deleted=int(metrics["num_target_rows_deleted"]),
+            table_version=dt.version(),
+            merge_metrics=metrics)
+        result["upserted"] = result["inserted"] + result["updated"]
+        result["missing_deletes"] = n_retract - result["deleted"]
+        return result
+
+    def _check_batch(self, changes: pd.DataFrame, query_id: str, batch_id: int) -> None:
+        cols = set(changes.columns)
+        missing = [c for c in list(self.columns) + [KIND_COL, SEQ_COL] if c not in cols]
+        if missing:
+            raise ValueError(f"batch {batch_id} of query {query_id!r} lacks column(s) {missing} "
+                             f"(sink columns {list(self.columns)} plus {KIND_COL}/{SEQ_COL})")
+        extra = [c for c in changes.columns if c not in self.columns and c not in METADATA_COLUMNS]
+        if extra:
+            raise ValueError(f"batch {batch_id} of query {query_id!r} has column(s) {extra} that are "
+                             f"not in the sink schema {list(self.columns)}")
+        kinds = changes[KIND_COL]
+        bad = kinds.isna() | ~kinds.isin([0, 1, 2, 3])
+        if bad.any():
+            i = bad.to_numpy().nonzero()[0][0]
+            raise ValueError(f"invalid {KIND_COL} value {kinds.iloc[i]!r} in row {changes.index[i]!r} "
+                             f"of batch {batch_id} (expected 0=+I, 1=-U, 2=+U, 3=-D)")
+        if changes[SEQ_COL].isna().any():
+            i = changes[SEQ_COL].isna().to_numpy().nonzero()[0][0]
+            raise ValueError(f"null {SEQ_COL} in row {changes.index[i]!r} of batch {batch_id}")
+        for k in self.key:
+            nulls = changes[k].isna().to_numpy()
+            if nulls.any():
+                i = nulls.nonzero()[0][0]
+                row = {c: changes[c].iloc[i] for c in list(self.columns) + [KIND_COL, SEQ_COL]}
+                raise ValueError(
+                    f"primary key column {k!r} is null in {int(nulls.sum())} row(s) of batch "
+                    f"{batch_id} (query {query_id!r}) for Delta table {self.path!r}; first one: "
+                    f"row {changes.index[i]!r} = {row}. Route rows with a null key to the "
+                    f"dead-letter output before the sink.")
+
+    def _to_arrow(self, frame: pd.DataFrame, query_id: str, batch_id: int) -> pa.Table:
+        try:
+            table = pa.Table.from_pandas(frame, schema=self.schema, preserve_index=False, safe=True)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as e:
+            raise ValueError(f"batch {batch_id} of query {query_id!r} does not convert to the sink "
+                             f"schema of {self.path!r}: {e}") from e
+        return table.replace_schema_metadata(None)
