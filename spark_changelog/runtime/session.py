@@ -45,7 +45,8 @@ def build_session(app_name: str = "spark-changelog", master: Optional[str] = Non
     master = master or os.environ.get("SPARK_CHANGELOG_MASTER")
     if master:
         builder = builder.master(master)
-    elif not os.environ.get("SPARK_HOME_CLUSTER"):
+    elif "PYSPARK_GATEWAY_PORT" not in os.environ:
+        # not launched by spark-submit (which brings its own master): run locally
         builder = builder.master("local[2]")
     merged = dict(DEFAULT_CONFIGS)
     merged["spark.pyspark.python"] = sys.executable

@@ -86,7 +86,8 @@ class Run:
 
     # -- (de)serialization: Arrow IPC, compressed ------------------------------
     def to_bytes(self, schema: pa.Schema) -> bytes:
-        table = pa.Table.from_pandas(self.rows, schema=schema, preserve_index=False)
+        # nthreads=1: a thread pool per small conversion costs more than it saves
+        table = pa.Table.from_pandas(self.rows, schema=schema, preserve_index=False, nthreads=1)
         sink = io.BytesIO()
         with pa.ipc.new_stream(sink, table.schema,
                                options=pa.ipc.IpcWriteOptions(compression="lz4")) as w:
