@@ -16,6 +16,7 @@ query with a checkpoint, with the same operator code and the same final table.
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Optional, Sequence, Union
 
 import pyarrow as pa
@@ -23,7 +24,14 @@ import pyarrow as pa
 from .model import KIND_COL, SEQ_COL, ChangelogMode, StreamSchema, as_key
 from .operators.base import KeyedOperator
 from .operators.normalize import DAY_MS, ChangelogNormalize
+from .plan import explain_plan, materialize as plan_materialize
+from .plan.expressions import classify, expression_text
+from .plan.rules import PlanError, plan_warnings
+from .plan.traits import (Join, Materialize, Node, Normalize, Project, ProjectItem, Sink, Source,
+                          join_state_unique_key, prepare_join_input)
 from .runtime.spark_keyed import DEFAULT_KEY_GROUPS, apply_keyed
+
+JoinOn = Union[str, Sequence[Union[str, tuple]], dict, None]
 
 
 def arrow_schema_of(df) -> pa.Schema:
@@ -38,7 +46,8 @@ class ChangelogStream:
     df: object                      # pyspark.sql.DataFrame
     schema: StreamSchema
     source: Optional[object] = None  # the ReadResult it came from (dead letters)
-    steps: tuple = ()               # operator names, for explain()
+    steps: tuple = ()               # operator names
+    plan: Optional[Node] = None     # planner node (traits, explain); built from schema if None
 
     @property
     def spark(self):
@@ -50,19 +59,36 @@ class ChangelogStream:
 
     @classmethod
     def from_dataframe(cls, df, primary_key: Union[str, Sequence[str], None] = None,
-                       mode: ChangelogMode = ChangelogMode.RETRACT) -> "ChangelogStream":
-        """Wrap a DataFrame that already has ``_kind`` (tinyint) and ``_seq`` (bigint)."""
+                       mode: ChangelogMode = ChangelogMode.RETRACT, *,
+                       name: Optional[str] = None) -> "ChangelogStream":
+        """Wrap a DataFrame that already has ``_kind`` (tinyint) and ``_seq`` (bigint).
+        ``name``: how ``explain`` calls the source."""
         for c in (KIND_COL, SEQ_COL):
             if c not in df.columns:
                 raise ValueError(f"DataFrame lacks the {c} column; columns: {df.columns}")
         cols = tuple(c for c in df.columns if c not in (KIND_COL, SEQ_COL))
         pk = as_key(primary_key)
-        return cls(df, StreamSchema(cols, pk, pk or None, mode))
+        schema = StreamSchema(cols, pk, pk or None, mode)
+        plan = Source(name, cols, pk, mode, pk) if name else None
+        return cls(df, schema, plan=plan)
+
+    @property
+    def node(self) -> Node:
+        """The planner's node for this stream (a Source built from the schema facts
+        when the stream was not built by the API's operators)."""
+        if self.plan is None:
+            s = self.schema
+            name = getattr(self.source, "format", None) or "changelog"
+            self.plan = Source(str(name), tuple(s.columns), tuple(s.primary_key), s.mode,
+                               tuple(s.upsert_key) if s.upsert_key else (),
+                               has_watermark=s.watermark is not None)
+        return self.plan
 
     def apply(self, operator: KeyedOperator, schema: StreamSchema, *,
-              key_groups: int = DEFAULT_KEY_GROUPS) -> "ChangelogStream":
+              key_groups: int = DEFAULT_KEY_GROUPS, plan: Optional[Node] = None
+              ) -> "ChangelogStream":
         out = apply_keyed(self._data_df(), operator, key_groups=key_groups)
-        return ChangelogStream(out, schema, self.source, self.steps + (operator.name,))
+        return ChangelogStream(out, schema, self.source, self.steps + (operator.name,), plan)
 
     def normalize(self, key: Union[str, Sequence[str], None] = None, *,
                   state_ttl_ms: Optional[int] = None,
@@ -79,7 +105,142 @@ class ChangelogStream:
         out_schema = self.schema.with_(primary_key=key, upsert_key=key,
                                        mode=ChangelogMode.RETRACT if generate_update_before
                                        else ChangelogMode.UPSERT)
-        return self.apply(op, out_schema, key_groups=key_groups)
+        return self.apply(op, out_schema, key_groups=key_groups,
+                          plan=Normalize(self.node, tuple(key), generate_update_before))
+
+    # -- projection -----------------------------------------------------------
+    def select(self, *cols, **named) -> "ChangelogStream":
+        """Project the data columns (``_kind``/``_seq`` are kept).
+
+        ``cols``: column names (``"*"`` for all), Spark ``Column`` expressions
+        (aliased with ``.alias``), or SQL expression strings; ``named``: output
+        name -> column name (a rename) or expression.  The planner keeps unique
+        and upsert keys through references, renames and widening casts; an
+        expression over a key column drops the key; ``rand()``,
+        ``current_timestamp()``, ``uuid()``, ... mark the column non-deterministic
+        (see :meth:`with_column` to say so explicitly).
+        """
+        from pyspark.sql import Column, functions as F
+        columns = list(self.schema.columns)
+        types = self._types()
+        exprs, items = [], []
+
+        def add(expr, item):
+            exprs.append(expr)
+            items.append(item)
+
+        for c in cols:
+            if isinstance(c, str) and c.strip() == "*":
+                for name in columns:
+                    add(F.col(f"`{name}`"), ProjectItem.ref(name))
+            elif isinstance(c, str) and c in columns:
+                add(F.col(f"`{c}`"), ProjectItem.ref(c))
+            elif isinstance(c, str):
+                e = F.expr(c)
+                item = classify(expression_text(e), None, types)
+                add(e.alias(item.name), item)
+            elif isinstance(c, Column):
+                item = classify(expression_text(c), None, types)
+                add(c.alias(item.name), item)
+            else:
+                raise TypeError(f"select: expected a column name, expression string or Column, got {c!r}")
+        for name, c in named.items():
+            deterministic = None
+            if isinstance(c, tuple):          # (expr, deterministic) from with_column
+                c, deterministic = c
+            if isinstance(c, str) and c in columns:
+                add(F.col(f"`{c}`"), ProjectItem.ref(name, c))
+                continue
+            e = F.expr(c) if isinstance(c, str) else c
+            item = classify(expression_text(e), name, types, deterministic)
+            add(e, item)
+        names = [i.name for i in items]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"select: duplicate output column(s) {dup}")
+        node = Project(self.node, tuple(items))
+        t = node.traits
+        df = self.df
+        from .runtime.spark_keyed import METRICS_COL
+        keep_metrics = METRICS_COL in df.columns
+        is_data = F.col(KIND_COL) != F.lit(-1)
+        out_cols = [(F.when(is_data, e) if keep_metrics else e).alias(i.name)
+                    for e, i in zip(exprs, items)]
+        out_cols += [F.col(KIND_COL), F.col(SEQ_COL)] + ([F.col(METRICS_COL)] if keep_metrics else [])
+        out = df.select(*out_cols)
+        carried = {}
+        for i in items:
+            if i.source is not None and i.injective:
+                carried.setdefault(i.source, i.name)
+        pk = tuple(carried[c] for c in self.schema.primary_key) \
+            if all(c in carried for c in self.schema.primary_key) else ()
+        schema = StreamSchema(tuple(names), pk, t.upsert_key, t.mode,
+                              watermark=self.schema.watermark)
+        return ChangelogStream(out, schema, self.source, self.steps + ("Project",), node)
+
+    project = select
+
+    def with_column(self, name: str, expr, deterministic: Optional[bool] = None
+                    ) -> "ChangelogStream":
+        """Add (or replace) one column; ``deterministic=False`` tells the planner
+        the value changes between evaluations of the same row (a timestamp, a
+        random number), which it otherwise guesses from the expression text."""
+        named = {c: ((expr, deterministic) if c == name else c) for c in self.schema.columns}
+        named.setdefault(name, (expr, deterministic))
+        return self.select(**named)
+
+    # -- join -------------------------------------------------------------------
+    def join(self, other: "ChangelogStream", on: JoinOn = None, *, left_on=None, right_on=None,
+             how: str = "inner", condition=None, state_ttl_ms=None,
+             key_groups: int = DEFAULT_KEY_GROUPS) -> "ChangelogStream":
+        """Regular (unbounded) stream-stream join (spec section 4).
+
+        ``on``: ``[("level", "id"), ...]`` pairs (left column, right column), a
+        ``{"level": "id"}`` dict, or names present on both sides; or
+        ``left_on=[...]``/``right_on=[...]``.  ``how``: inner/left/right/full.
+        ``condition``: an extra non-equi predicate, vectorized over candidate
+        pairs: ``condition(left_df, right_df) -> bool array`` (output column
+        names, see :class:`~spark_changelog.operators.join.RegularJoin`).
+        ``state_ttl_ms``: int or ``(left, right)``.
+
+        The state view of each side comes from the planner's unique keys.  An
+        upsert-mode input first goes through ChangelogNormalize (with
+        update-before), as the join must retract rows it emitted.  Output
+        columns: left columns, then right ones (a taken name gets ``0``, ``1``,
+        ... appended: ``id`` -> ``id0``).  The output's ``_seq`` is the join's
+        own emission counter per key group: comparable only within one join
+        key, which is why the planner marks the upsert key of a side shuffled
+        on other columns as lost.
+        """
+        from .operators.join import JoinInputLayout, RegularJoin
+        lk, rk = _join_columns(on, left_on, right_on)
+        left, right = self._join_ready(), other._join_ready()
+        node = Join(left.node, right.node, lk, rk, how.lower(), condition is not None)
+        left_df, right_df = left._data_df(), right._data_df()
+        layout = JoinInputLayout(arrow_schema_of(left_df), arrow_schema_of(right_df), lk, rk)
+        if layout.right_rename != node.right_rename:      # pragma: no cover - one rule
+            raise AssertionError(f"join output names disagree: {layout.right_rename} vs "
+                                 f"{node.right_rename}")
+        op = RegularJoin(layout, how, join_state_unique_key(left.node.traits, lk),
+                         join_state_unique_key(right.node.traits, rk), condition, state_ttl_ms)
+        out = apply_keyed(layout.spark_union(left_df, right_df), op, key_groups=key_groups)
+        t = node.traits
+        schema = StreamSchema(tuple(t.columns), (), t.upsert_key, t.mode,
+                              watermark=left.schema.watermark if t.has_watermark else None)
+        return ChangelogStream(out, schema, None, left.steps + right.steps + (op.name,), node)
+
+    def _join_ready(self) -> "ChangelogStream":
+        """Upsert-mode streams get a ChangelogNormalize with update-before."""
+        node = prepare_join_input(self.node)
+        if node is self.node:
+            return self
+        s = self.normalize(node.key)
+        s.plan = node
+        return s
+
+    def _types(self) -> dict:
+        return {f.name: f.dataType.simpleString() for f in self._data_df().schema.fields
+                if f.name in self.schema.columns}
 
     def _data_df(self):
         """The DataFrame without operator metric columns (input of the next operator)."""
@@ -89,27 +250,106 @@ class ChangelogStream:
             return self.df.where(F.col(KIND_COL) != F.lit(METRICS_KIND)).drop(METRICS_COL)
         return self.df
 
+    def plan_sink(self, key: Union[str, Sequence[str], None] = None, *, materialize: str = "auto",
+                  conflict: Optional[str] = None, require_on_conflict: bool = False,
+                  table: str = "sink") -> Sink:
+        """The planned sink: the materializer decision (spec section 3) for an
+        upsert sink keyed by ``key`` (default: the stream's primary key)."""
+        key = as_key(key) or self.schema.primary_key
+        return plan_materialize(Sink(self.node, str(table), tuple(key), materialize, conflict),
+                                require_on_conflict=require_on_conflict)
+
     def write_upsert(self, table: Union[str, "object"], *, checkpoint: Optional[str] = None,
                      changelog_path: Optional[str] = None, changelog_format: str = "parquet",
                      dead_letter: Optional[str] = None, strict: bool = False,
-                     key: Union[str, Sequence[str], None] = None, progress=None):
+                     key: Union[str, Sequence[str], None] = None, progress=None,
+                     materialize: str = "auto", conflict: Optional[str] = None,
+                     require_on_conflict: bool = False,
+                     materializer_ttl_ms: Optional[int] = None,
+                     key_groups: int = DEFAULT_KEY_GROUPS):
         """Write the stream to an upsert table (a Delta path or an ``UpsertSink``);
-        see :func:`spark_changelog.runtime.pipeline.run_to_sink`."""
+        see :func:`spark_changelog.runtime.pipeline.run_to_sink`.
+
+        ``materialize``: ``auto`` (default) puts a SinkUpsertMaterializer in
+        front of the sink where the input's upsert key is not contained in the
+        sink key and the input has updates; ``force`` always; ``none`` never
+        (``explain`` says when that is unsafe).  ``conflict``: ``deduplicate``
+        (the default behaviour), ``error``/``nothing`` (need watermarks);
+        rejected with ``materialize='none'`` (FLINK-41007).
+        ``require_on_conflict``: Flink 2.3's strict default (an explicit
+        ``conflict`` is required where a materializer is needed).  The report's
+        ``plan`` holds the explain text, its ``warnings`` the plan warnings.
+        """
+        import warnings as _warnings
+        from .operators.sink_upsert_materializer import SinkUpsertMaterializer
         from .runtime.pipeline import run_to_sink
-        return run_to_sink(self, table, checkpoint=checkpoint, changelog_path=changelog_path,
-                           changelog_format=changelog_format, dead_letter=dead_letter,
-                           strict=strict, key=key, progress=progress)
+        name = os.fspath(table) if isinstance(table, (str, os.PathLike)) else type(table).__name__
+        sink = self.plan_sink(key, materialize=materialize, conflict=conflict,
+                              require_on_conflict=require_on_conflict, table=name)
+        stream = self
+        if sink.decision.inserted:
+            m = sink.input
+            assert isinstance(m, Materialize)
+            if m.conflict != "deduplicate":
+                raise PlanError(f"conflict={m.conflict!r} needs watermark timers, which the Spark "
+                                "runtime does not run yet; use conflict='deduplicate'")
+            op = SinkUpsertMaterializer(arrow_schema_of(self._data_df()), sink.key,
+                                        upsert_key=m.upsert_key, state_ttl_ms=materializer_ttl_ms,
+                                        conflict=m.conflict,
+                                        time_column=self.schema.time_attribute)
+            t = m.traits
+            schema = StreamSchema(tuple(t.columns), tuple(sink.key), tuple(sink.key), t.mode,
+                                  watermark=self.schema.watermark)
+            stream = self.apply(op, schema, key_groups=key_groups, plan=m)
+        warns = plan_warnings(sink)
+        for w in warns:
+            _warnings.warn(w, PlanWarning, stacklevel=2)
+        report = run_to_sink(stream, table, checkpoint=checkpoint, changelog_path=changelog_path,
+                             changelog_format=changelog_format, dead_letter=dead_letter,
+                             strict=strict, key=sink.key, progress=progress)
+        report.plan = explain_plan(sink)
+        report.warnings[:0] = warns
+        return report
 
     def collect(self):
         """A bounded stream's emitted changelog as pandas (data rows, in ``_seq`` order)."""
         from .runtime.pipeline import collect_changes
         return collect_changes(self)
 
-    def explain(self) -> str:
-        s = self.schema
-        return (f"{' -> '.join(('Source',) + self.steps)}\n"
-                f"  changelog mode: {s.mode.value} {s.mode.kinds}\n"
-                f"  primary key: {list(s.primary_key)}  upsert key: {list(s.upsert_key or [])}")
+    def explain(self, key: Union[str, Sequence[str], None] = None, *, materialize: str = "auto",
+                conflict: Optional[str] = None, require_on_conflict: bool = False,
+                table: str = "sink") -> str:
+        """The plan with, per node, its changelog mode, unique keys and upsert key,
+        why keys were lost, and what was inserted automatically.  With ``key``
+        (the sink's primary key) the plan ends in that sink, with the
+        materializer decision ``write_upsert`` would take and its reason."""
+        if key is None and conflict is None and materialize == "auto":
+            return explain_plan(self.node)
+        return explain_plan(self.plan_sink(key, materialize=materialize, conflict=conflict,
+                                           require_on_conflict=require_on_conflict, table=table))
+
+
+class PlanWarning(UserWarning):
+    """A plan-time warning (e.g. non-deterministic columns without an upsert key)."""
+
+
+def _join_columns(on, left_on, right_on) -> tuple[tuple, tuple]:
+    if on is not None and (left_on is not None or right_on is not None):
+        raise ValueError("join: pass on= or left_on=/right_on=, not both")
+    if on is None:
+        lk, rk = as_key(left_on), as_key(right_on)
+    elif isinstance(on, dict):
+        lk, rk = tuple(on), tuple(on.values())
+    elif isinstance(on, str):
+        lk = rk = as_key(on)
+    else:
+        pairs = [(p, p) if isinstance(p, str) else tuple(p) for p in on]
+        if any(len(p) != 2 for p in pairs):
+            raise ValueError(f"join: on= takes (left, right) column pairs, got {on!r}")
+        lk, rk = tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)
+    if not lk or len(lk) != len(rk):
+        raise ValueError(f"join: the join columns must pair up: left {list(lk)}, right {list(rk)}")
+    return lk, rk
 
 
 def read_changes(spark, path, format: str = "debezium-json", schema=None, primary_key=None,

@@ -49,6 +49,7 @@ class RunReport:
     counters: dict = dataclasses.field(default_factory=dict)
     warnings: list = dataclasses.field(default_factory=list)
     state_rows: int = 0
+    plan: str = ""   # the planner's explain text (ChangelogStream.write_upsert)
 
     @property
     def rows_in(self) -> int:
