@@ -66,9 +66,12 @@ def _metrics_row(operator: KeyedOperator, metrics: Metrics, extra: Optional[dict
 
 
 def _with_metrics(out: pd.DataFrame, operator: KeyedOperator, ctx: OpContext, extra=None) -> pd.DataFrame:
+    metrics = _metrics_row(operator, ctx.metrics, extra)
+    if out.empty:
+        return metrics
     out = out.copy()
     out[METRICS_COL] = None
-    return pd.concat([out, _metrics_row(operator, ctx.metrics, extra)], ignore_index=True)
+    return pd.concat([out, metrics], ignore_index=True)
 
 
 def add_key_group(df, key, key_groups: int):
