@@ -94,7 +94,10 @@ changelog with seq column      the column's value as is (no ``*2 + phase``)     
 Why these choices:
 
 * PostgreSQL gives every change its own LSN; only snapshot rows (``op = r``) share
-  one, and those are one row per key, so ties never occur within one key.
+  one, and those are one row per key, so ties never occur within one key.  LSNs
+  follow the WAL, not commit order, so two concurrent transactions can interleave
+  across keys; for one key, row locks make WAL order the commit order, which is
+  the order consumers sort by (key, ``_seq``).
 * MySQL binlog: ``pos`` is the byte offset of the event and ``row`` the row inside
   it.  Every row of an event occupies at least one byte of it, so ``pos + row`` is
   strictly increasing and collision free within a binlog file (no bits wasted on
@@ -104,9 +107,9 @@ Why these choices:
   file order for equal timestamps.  That is file order within one file only: two
   changes of one key with equal timestamps in different files are ordered by
   their line numbers, so prefer log positions (LSN, binlog) when the connector
-  provides them.  Canal's ``es`` is the binlog event time, which
-  MySQL records in whole seconds (Canal multiplies it by 1000), so it is used in
-  seconds and the saved bits go to the line and the row index.
+  provides them.  Canal's ``es`` is the binlog event time, which MySQL records
+  in whole seconds (Canal multiplies it by 1000), so it is used in seconds and
+  the saved bits go to the line and the row index.
 * Maxwell's ``xoffset`` counts rows within a transaction and ``position`` is the
   event's binlog position, so (position, xoffset) orders rows; with only ``ts``
   (seconds) the line is the tie-breaker, not ``xoffset``: xoffset restarts at 0
@@ -456,9 +459,9 @@ def read_lines(ctx: ReadContext, keep_header: bool = False) -> DataFrame:
 
     Each file is read whole (text source, ``wholetext``) and split here, which is
     what gives line numbers; a file must fit in a task's memory (and below
-    Spark's 2 GB string limit), so roll CDC files by size.  A byte-order mark
-    and a trailing ``\\r`` are removed; blank lines after a file's last
-    non-blank line are not returned.  With ``keep_header`` a ``header`` column
+    Spark's 2 GB string limit), so roll CDC files by size; one file is one task.
+    CRLF line ends and a byte-order mark are removed; blank lines after a file's
+    last non-blank line are not returned.  With ``keep_header`` a ``header`` column
     holds the file's first line (for CSV).
     """
     reader = ctx.spark.readStream if ctx.streaming else ctx.spark.read
@@ -469,24 +472,25 @@ def read_lines(ctx: ReadContext, keep_header: bool = False) -> DataFrame:
     else:
         paths = [ctx.path] if isinstance(ctx.path, str) else list(ctx.path)
         files = reader.text(paths, wholetext=True)
-    ws, clean = lit(" \t\r\n"), lit(_BOM_OR_CR)
-    content = f"trim(TRAILING {ws} FROM value)"
-    header = [f"regexp_replace(get(split(value, '\\n'), 0), {clean}, '') AS header"] if keep_header else []
     # Per-file values are computed in their own projection, below the
     # generator: in the generator's projection Spark evaluates them once per
-    # generated line, which made reading quadratic in the file size.
+    # generated line, which made reading quadratic in the file size.  The
+    # clean-up (CRLF, byte-order mark, trailing blank lines) is done once on the
+    # whole file rather than once per line.
+    text = f"regexp_replace(replace(value, '\\r\\n', '\\n'), {lit(_BOM_OR_TRAILING_BLANKS)}, '')"
     per_file = files.selectExpr(
-        "value",
         "_metadata.file_path AS file",
         f"{file_number('_metadata.file_path')} AS file_no",
-        f"CASE WHEN {content} = '' THEN 0 ELSE size(split({content}, '\\n')) END AS _n",
-        *header,
-    ).selectExpr("file", "file_no", "_n", *(["header"] if keep_header else []),
-                 "posexplode(split(value, '\\n')) AS (_pos, _text)")
-    return per_file.where("_pos < _n").selectExpr(
-        "file", "file_no", "CAST(_pos + 1 AS BIGINT) AS line", f"regexp_replace(_text, {clean}, '') AS raw",
-        *(["header"] if keep_header else []),
+        f"{text} AS _text",
+    ).selectExpr(
+        "file", "file_no",
+        "CASE WHEN _text = '' THEN CAST(array() AS ARRAY<STRING>) ELSE split(_text, '\\n') END AS _lines",
     )
+    if keep_header:
+        per_file = per_file.selectExpr("*", "get(_lines, 0) AS header")
+    return per_file.selectExpr(
+        "file", "file_no", *(["header"] if keep_header else []), "posexplode(_lines) AS (_pos, raw)",
+    ).selectExpr("file", "file_no", "CAST(_pos + 1 AS BIGINT) AS line", "raw", *(["header"] if keep_header else []))
 
 
 def is_blank(raw: Sql) -> Sql:
@@ -747,7 +751,9 @@ def digits_number(digits: Sql) -> Sql:
             f"ELSE try_cast({trimmed} AS BIGINT) END AS BIGINT)")
 
 
-_BOM_OR_CR = r"^\uFEFF|\r$"
+#: a leading byte-order mark, and everything from the end of the last non-blank
+#: line on (applied after CRLF -> LF)
+_BOM_OR_TRAILING_BLANKS = r"^\uFEFF|[\n\r][ \t\r\n]*$"
 _BASENAME = r"([^/]*)$"
 _EXTENSIONS = r"(\.[A-Za-z][A-Za-z0-9]*)+$"
 _LAST_DIGITS = r"(\d+)\D*$"

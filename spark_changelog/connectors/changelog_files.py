@@ -1,0 +1,199 @@
+"""Changelog files with an explicit row-kind column (spec section 1; shared
+parsing in ``cdc_json``).
+
+Each record is one changelog row: the user columns, a kind column
+(``kind_column``, default ``op``) holding ``+I``/``-U``/``+U``/``-D``, Flink's
+names ``INSERT``/``UPDATE_BEFORE``/``UPDATE_AFTER``/``DELETE`` or the byte codes
+``0``-``3`` (case and surrounding blanks ignored), and optionally a sequence
+column (``seq_column``, bigint).
+
+``changelog_file_format``:
+
+``json``     one JSON object per line (same parsing and type rules as the CDC
+             formats; empty/``null`` lines are tombstones).
+``csv``      a header line naming the columns (any order, extra columns ignored
+             if within the first ``max(2n, n + 16)`` fields, ``n`` = the columns
+             read), then one row per line.  Lines are split on newlines, so
+             quoted values cannot contain line breaks.  ``csv_options`` go to
+             ``from_csv`` (``sep``, ``quote``, ``escape``, ...).  Empty fields are
+             NULL; values are cast to the schema types like Canal's strings.
+             Blank lines are skipped as tombstones.
+``parquet``  typed columns (the kind column must be a string); ``line`` is the
+             1-based row number in the file.  With ``schema=None`` the user
+             columns are the file's columns minus the kind/sequence columns.
+
+``_seq``: the sequence column as is when given (NULL or unreadable -> invalid);
+otherwise file number | line (module docstring of ``cdc_json``), times two plus
+0 for retractions and 1 for additions.
+"""
+from __future__ import annotations
+
+from pyspark.sql import DataFrame
+from pyspark.sql import types as T
+
+from spark_changelog.connectors import cdc_json as C
+from spark_changelog.connectors.cdc_json import Sql, concat, ident, lit, when
+from spark_changelog.model.rowkind import RowKind
+
+#: accepted spellings (upper-cased) of each kind
+KIND_NAMES = {name: int(k) for k in RowKind for name in (k.short, k.name, str(int(k)))}
+
+
+def read_changelog(spark, path, schema, primary_key=None, **kw) -> C.ReadResult:
+    """``read_changes(..., format="changelog")``."""
+    return C.read_with("changelog_files", spark, path, schema, primary_key, **kw)
+
+
+def kind_code(text: Sql) -> Sql:
+    """The RowKind code of a kind string, NULL if unknown."""
+    branches = " ".join(f"WHEN {lit(name)} THEN {code}" for name, code in KIND_NAMES.items())
+    return f"CASE upper(trim({text})) {branches} END"
+
+
+def parse(ctx: C.ReadContext) -> DataFrame:
+    if ctx.changelog_file_format == "json":
+        return _parse_json(ctx)
+    if ctx.changelog_file_format == "csv":
+        return _parse_csv(ctx)
+    return _parse_parquet(ctx)
+
+
+def _finish_rows(df: DataFrame, ctx: C.ReadContext, tombstone_reason: str = C.TOMBSTONE_REASON) -> DataFrame:
+    """Shared tail of the three file formats.
+
+    ``df`` has ``_typed`` (the typed user columns), ``_kind_text``, ``_record_ok``
+    (the record parsed), ``_record_errors`` (format-specific messages, wrong types
+    included), ``_seq_value``/``_seq_present``/``_seq_error`` (the sequence
+    column, if any) and ``_tombstone``.
+    """
+    kind_col, seq_col = ctx.kind_column, ctx.seq_column
+    pos, pos_err = C.fallback_position()
+    df = C.stage(df, _kind=kind_code("_kind_text"), _pos=pos, _pos_error=pos_err)
+    if seq_col is None:
+        phase = f"CASE WHEN _kind IN ({C.INSERT}, {C.UPDATE_AFTER}) THEN {C.PHASE_AFTER} ELSE {C.PHASE_BEFORE} END"
+        seq = f"(shiftleft(_pos, 1) + {phase})"
+        seq_errors = ["_pos_error"]
+    else:
+        seq = "_seq_value"
+        seq_errors = [when(("NOT _seq_present", lit(f"field '{seq_col}': missing or null"))), "_seq_error"]
+    ok = "_record_ok"
+    unknown_kind = concat(lit(f"field '{kind_col}': unknown row kind "), "'\"'", C.clip("_kind_text"), "'\"'",
+                          lit(" (expected +I, -U, +U, -D or INSERT, UPDATE_BEFORE, UPDATE_AFTER, DELETE)"))
+    errors = C.errors_array([
+        when((f"{ok} AND _kind_text IS NULL", lit(f"field '{kind_col}': missing or null"))),
+        when((f"{ok} AND _kind_text IS NOT NULL AND _kind IS NULL", unknown_kind)),
+        *[f"CASE WHEN {ok} THEN {e} END" for e in seq_errors],
+    ])
+    return df.selectExpr(
+        "file", "line", "raw",
+        f"array({C.change_row('_typed', ctx.columns, '_kind', seq)}) AS _changes",
+        f"concat(_record_errors, {errors}) AS _errors",
+        *C.skip_columns("_tombstone", tombstone_reason=tombstone_reason),
+    )
+
+
+def _parse_json(ctx: C.ReadContext) -> DataFrame:
+    schema, key = ctx.schema, ctx.primary_key
+    df = C.stage(C.read_lines(ctx), _v="try_parse_json(raw)")
+    df = C.stage(df, _blank=C.is_blank("raw"),
+                 _raw=C.raw_struct(lambda c: C.field("_v", C.json_path(c)), ctx.columns))
+    blank_or_null = "(_blank OR is_variant_null(_v))"
+    malformed = "(_v IS NULL AND NOT _blank)"
+    not_object = f"(NOT {malformed} AND NOT {blank_or_null} AND NOT {C.is_object('_v')})"
+    df = C.stage(
+        df,
+        _tombstone=blank_or_null,
+        _malformed=malformed,
+        _not_object=not_object,
+        _record_ok=f"(NOT {malformed} AND NOT {not_object})",
+        _typed=C.typed_struct("_raw", schema),
+        _kind_text=C.get_as("_v", C.json_path(ctx.kind_column), "string"),
+        **_json_seq(ctx),
+    )
+    record_errors = C.concat_messages(
+        C.errors_array([when(("_malformed", lit("malformed JSON: the record does not parse"))),
+                        when(("_not_object", lit("malformed record: not a JSON object")))]),
+        C.gate("_record_ok", C.image_errors("_raw", "_typed", schema, key, lit("record"))),
+    )
+    return _finish_rows(C.stage(df, _record_errors=record_errors), ctx)
+
+
+def _json_seq(ctx: C.ReadContext) -> dict[str, Sql]:
+    if ctx.seq_column is None:
+        return {"_seq_value": "CAST(NULL AS BIGINT)", "_seq_present": "false", "_seq_error": "CAST(NULL AS STRING)"}
+    path = C.json_path(ctx.seq_column)
+    value, error = C.number("_v", path, ctx.seq_column)
+    return {"_seq_value": value, "_seq_present": C.present(C.field("_v", path)), "_seq_error": error}
+
+
+def _parse_csv(ctx: C.ReadContext) -> DataFrame:
+    schema, key = ctx.schema, ctx.primary_key
+    wanted = [*ctx.columns, ctx.kind_column, *([ctx.seq_column] if ctx.seq_column else [])]
+    width = max(2 * len(wanted), len(wanted) + 16)
+    fields = ", ".join(f"c{i} STRING" for i in range(width))
+    options = ", ".join(f"{lit(k)}, {lit(str(v))}" for k, v in ctx.csv_options.items())
+    options = f", map({options})" if options else ""
+    names = "array(" + ", ".join(f"_h.c{i}" for i in range(width)) + ")"
+    values = "array(" + ", ".join(f"_r.c{i}" for i in range(width)) + ")"
+    df = C.read_lines(ctx, keep_header=True).where("line > 1")
+    df = C.stage(df, _h=f"from_csv(header, {lit(fields)}{options})", _r=f"from_csv(raw, {lit(fields)}{options})")
+    df = C.stage(df, _names=names, _vals=values).drop("_h", "_r")
+
+    def get(c: str) -> Sql:
+        at = f"array_position(_names, {lit(c)})"
+        return f"CASE WHEN {at} > 0 THEN element_at(_vals, CAST({at} AS INT)) END"
+
+    if ctx.seq_column is None:
+        seq = {"_seq_value": "CAST(NULL AS BIGINT)", "_seq_present": "false", "_seq_error": "CAST(NULL AS STRING)"}
+    else:
+        text = get(ctx.seq_column)
+        bad = concat(lit(f"field '{ctx.seq_column}': value "), "'\"'", C.clip(text), "'\"'", lit(" is not a BIGINT"))
+        seq = {"_seq_value": f"try_cast({text} AS BIGINT)", "_seq_present": f"({text} IS NOT NULL)",
+               "_seq_error": f"CASE WHEN {text} IS NOT NULL AND try_cast({text} AS BIGINT) IS NULL THEN {bad} END"}
+    df = C.stage(df, _raw=C.raw_struct(get, ctx.columns))
+    df = C.stage(
+        df,
+        _tombstone=C.is_blank("raw"),
+        _record_ok=f"NOT {C.is_blank('raw')}",
+        _typed=C.typed_struct("_raw", schema, strings=True),
+        _kind_text=get(ctx.kind_column),
+        **seq,
+    )
+    record_errors = C.gate("_record_ok", C.image_errors("_raw", "_typed", schema, key, lit("record"), strings=True))
+    df = C.stage(df, _record_errors=C.concat_messages(record_errors))
+    return _finish_rows(df, ctx, tombstone_reason="empty line")
+
+
+def _parse_parquet(ctx: C.ReadContext) -> DataFrame:
+    schema, key = ctx.schema, ctx.primary_key
+    file_schema = T.StructType(
+        list(schema.fields)
+        + [T.StructField(ctx.kind_column, T.StringType())]
+        + ([T.StructField(ctx.seq_column, T.LongType())] if ctx.seq_column else []))
+    if ctx.streaming:
+        reader = ctx.spark.readStream.schema(file_schema)
+        if ctx.max_files_per_trigger is not None:
+            reader = reader.option("maxFilesPerTrigger", ctx.max_files_per_trigger)
+        rows = reader.parquet(ctx.path)
+    else:
+        paths = [ctx.path] if isinstance(ctx.path, str) else list(ctx.path)
+        rows = ctx.spark.read.schema(file_schema).parquet(*paths)
+    data = ", ".join(ident(f.name) for f in file_schema.fields)
+    typed = "named_struct(" + ", ".join(f"{lit(c)}, {ident(c)}" for c in ctx.columns) + ")"
+    seq_col = ctx.seq_column
+    df = rows.selectExpr(
+        "_metadata.file_path AS file",
+        f"{C.file_number('_metadata.file_path')} AS file_no",
+        "CAST(_metadata.row_index + 1 AS BIGINT) AS line",
+        f"to_json(struct({data})) AS raw",
+        f"{typed} AS _typed",
+        f"{ident(ctx.kind_column)} AS _kind_text",
+        "true AS _record_ok",
+        "false AS _tombstone",
+        f"{ident(seq_col) if seq_col else 'CAST(NULL AS BIGINT)'} AS _seq_value",
+        f"{ident(seq_col) + ' IS NOT NULL' if seq_col else 'false'} AS _seq_present",
+        "CAST(NULL AS STRING) AS _seq_error",
+    )
+    pk_errors = [when((f"{C.struct_field('_typed', k)} IS NULL",
+                       lit(f"field '{k}': primary key is missing or null (in record)"))) for k in key]
+    return _finish_rows(C.stage(df, _record_errors=C.errors_array(pk_errors)), ctx)
