@@ -136,10 +136,11 @@ def main(argv=None) -> None:
     ap.add_argument("--batch", default="100000,1000000")
     ap.add_argument("--measure", type=int, default=3, help="update batches measured per config")
     ap.add_argument("--key-groups", type=int, default=32)
+    ap.add_argument("--partitions", type=int, default=4, help="spark.sql.shuffle.partitions")
     ap.add_argument("--work", default=None, help="scratch directory (default: a temp dir)")
     args = ap.parse_args(argv)
     from spark_changelog.runtime.session import build_session
-    spark = build_session("bench-normalize", configs={"spark.sql.shuffle.partitions": "4",
+    spark = build_session("bench-normalize", configs={"spark.sql.shuffle.partitions": str(args.partitions),
                                                       "spark.driver.memory": "8g"})
     work = args.work or tempfile.mkdtemp(prefix="bench-normalize-")
     summary = []
