@@ -17,6 +17,7 @@ from ..model import SEQ_COL
 from ..operators.base import KeyedOperator, Metrics, OpContext
 from ..operators.keys import distinct_keys, rows_with_keys
 from .keygroup import sort_rows
+from .state_runs import concat_rows
 
 
 class LocalRunner:
@@ -42,8 +43,7 @@ class LocalRunner:
         state_in = self.state[mask].reset_index(drop=True)
         new_state, out = op.process(state_in, rows, ctx)
         kept = self.state[~mask]
-        self.state = (pd.concat([kept, new_state], ignore_index=True)
-                      if len(new_state) else kept.reset_index(drop=True))
+        self.state = concat_rows([kept, new_state])
         self.metrics.merge(ctx.metrics)
         self.next_seq = ctx.next_seq
         return out.reset_index(drop=True)

@@ -27,6 +27,7 @@ import dataclasses
 import io
 import threading
 import uuid
+import warnings
 from typing import Optional, Sequence
 
 import numpy as np
@@ -34,6 +35,17 @@ import pandas as pd
 import pyarrow as pa
 
 CLEARED_COL = "__cleared"
+
+
+def concat_rows(frames) -> pd.DataFrame:
+    """``pd.concat`` of state frames; marker rows are all-null by design, so
+    pandas' warning about all-NA entries changing dtypes is expected noise."""
+    frames = [f for f in frames if len(f)] or list(frames)[:1]
+    if len(frames) == 1:
+        return frames[0].reset_index(drop=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        return pd.concat(frames, ignore_index=True)
 
 
 def _factorize_keys(df: pd.DataFrame, key: Sequence[str]):
@@ -141,7 +153,7 @@ class RunStack:
                 unresolved[idx] = False
         if not parts:
             return None
-        found = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0].reset_index(drop=True)
+        found = concat_rows(parts)
         return found[~found[CLEARED_COL].to_numpy(dtype=bool)].drop(columns=CLEARED_COL).reset_index(drop=True)
 
     def new_run(self, touched: pd.DataFrame, new_state: pd.DataFrame) -> Run:
@@ -157,7 +169,7 @@ class RunStack:
                     markers[c] = None
             markers = markers[list(new_state.columns)]
             markers[CLEARED_COL] = True
-            rows = pd.concat([rows, markers], ignore_index=True) if len(rows) else markers
+            rows = concat_rows([rows, markers])
         return Run.build(rows, self.key)
 
     def push(self, run: Run, retain=None) -> None:
@@ -177,9 +189,9 @@ def merge_runs(older: Run, newer: Run, key: Sequence[str], *, full: bool, retain
     if len(older.uniques) and len(newer.uniques):
         shadowed = np.asarray(older.uniques.isin(newer.uniques), dtype=bool)
         keep_old = _ranges_to_indices(older.starts[~shadowed], older.lens[~shadowed])
-        rows = pd.concat([older.rows.take(keep_old), newer.rows], ignore_index=True)
+        rows = concat_rows([older.rows.take(keep_old), newer.rows])
     else:
-        rows = pd.concat([older.rows, newer.rows], ignore_index=True)
+        rows = concat_rows([older.rows, newer.rows])
     if full:
         rows = rows[~rows[CLEARED_COL].to_numpy(dtype=bool)]
         if retain is not None and len(rows):

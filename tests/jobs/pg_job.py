@@ -1,0 +1,44 @@
+"""A streaming normalize job writing to PostgreSQL, run as its own process by
+tests/test_postgres_pipeline.py.
+
+argv: INPUT_DIR CONNINFO TABLE CHECKPOINT [HANG_AFTER_BATCH]
+With HANG_AFTER_BATCH=k the job prints ``committed k`` after batch k was
+committed by the PostgreSQL sink and then hangs inside the batch, before Spark
+records the batch as done: the test kills it there, so the restart must replay
+batch k (and the sink must skip it).
+"""
+import sys
+import time
+
+import pyarrow as pa
+
+from spark_changelog.api import ChangelogStream
+from spark_changelog.runtime.session import build_session
+from spark_changelog.sinks.postgres import PostgresUpsertSink
+
+SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("score", pa.int64())])
+
+
+def main() -> None:
+    src, conninfo, table, ck = sys.argv[1:5]
+    hang_after = int(sys.argv[5]) if len(sys.argv) > 5 else None
+    spark = build_session("pg-crash-test-job", configs={"spark.sql.shuffle.partitions": "2"})
+    df = (spark.readStream.format("parquet").option("maxFilesPerTrigger", 1)
+          .schema("id BIGINT, name STRING, score BIGINT, _kind TINYINT, _seq BIGINT").load(src))
+    stream = ChangelogStream.from_dataframe(df, primary_key=["id"]).normalize(key_groups=4)
+    sink = PostgresUpsertSink(conninfo, table, ["id"], SCHEMA)
+
+    def progress(report):
+        done = report.batches - 1
+        print(f"committed {done}", flush=True)
+        if hang_after is not None and done == hang_after:
+            time.sleep(3600)
+
+    report = stream.write_upsert(sink, checkpoint=ck, progress=progress)
+    print(f"finished batches={report.batches} replayed={report.replayed_batches} "
+          f"upserted={report.upserted} deleted={report.deleted}", flush=True)
+    sink.close()
+
+
+if __name__ == "__main__":
+    main()
