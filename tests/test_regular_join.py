@@ -263,7 +263,6 @@ def _flink_cases():
     return data
 
 
-@pytest.mark.skipif(not FLINK_FIXTURE.exists(), reason="Flink join fixtures not recorded yet")
 @pytest.mark.parametrize("case", _flink_cases(), ids=lambda c: c.get("name", "case"))
 def test_flink_fixture(case):
     replay_flink_case(case)

@@ -41,6 +41,16 @@ def net_changes_per_key(changes: pd.DataFrame, key: Sequence[str]) -> pd.DataFra
     return changes.iloc[keep].reset_index(drop=True)
 
 
+def check_kinds(changes: pd.DataFrame, batch_id) -> None:
+    """Every row's ``_kind`` must be a RowKind code; name the first bad row."""
+    kinds = changes[KIND_COL]
+    bad = kinds.isna() | ~kinds.isin([0, 1, 2, 3])
+    if bad.any():
+        i = bad.to_numpy().nonzero()[0][0]
+        raise ValueError(f"invalid {KIND_COL} value {kinds.iloc[i]!r} in row {changes.index[i]!r} "
+                         f"of batch {batch_id} (expected 0=+I, 1=-U, 2=+U, 3=-D)")
+
+
 class UpsertSink(abc.ABC):
     """Applies net changes per primary key, idempotently per (query id, batch id)."""
 

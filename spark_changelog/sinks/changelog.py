@@ -67,6 +67,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .base import check_kinds
 from ..model import KIND_COL, METADATA_COLUMNS, SEQ_COL, RowKind, as_key
 from ..model.rowkind import IS_ADD, SHORT_NAMES
 
@@ -222,12 +223,7 @@ class ChangelogSink:
         if missing or extra:
             raise ValueError(f"batch {batch_id} columns do not match the changelog schema {cols}: "
                              f"missing {missing}, unexpected {extra}")
-        kinds = changes[KIND_COL]
-        bad = kinds.isna() | ~kinds.isin([0, 1, 2, 3])
-        if bad.any():
-            i = bad.to_numpy().nonzero()[0][0]
-            raise ValueError(f"invalid {KIND_COL} value {kinds.iloc[i]!r} in row {changes.index[i]!r} "
-                             f"of batch {batch_id} (expected 0=+I, 1=-U, 2=+U, 3=-D)")
+        check_kinds(changes, batch_id)
 
         ordered = _emission_order(changes, self.key)
         try:

@@ -69,7 +69,7 @@ import pyarrow as pa
 
 from ..model import KIND_COL, METADATA_COLUMNS, SEQ_COL, as_key
 from ..model.rowkind import IS_ADD
-from .base import UpsertSink, net_changes_per_key
+from .base import UpsertSink, net_changes_per_key, check_kinds
 
 PRIMARY_KEY_PROPERTY = "spark_changelog.primary_key"
 #: ``delta.targetFileSize`` given to tables the sink creates, unless configured.
@@ -374,12 +374,7 @@ class DeltaUpsertSink(UpsertSink):
         if extra:
             raise ValueError(f"batch {batch_id} of query {query_id!r} has column(s) {extra} that are "
                              f"not in the sink schema {list(self.columns)}")
-        kinds = changes[KIND_COL]
-        bad = kinds.isna() | ~kinds.isin([0, 1, 2, 3])
-        if bad.any():
-            i = bad.to_numpy().nonzero()[0][0]
-            raise ValueError(f"invalid {KIND_COL} value {kinds.iloc[i]!r} in row {changes.index[i]!r} "
-                             f"of batch {batch_id} (expected 0=+I, 1=-U, 2=+U, 3=-D)")
+        check_kinds(changes, batch_id)
         if changes[SEQ_COL].isna().any():
             i = changes[SEQ_COL].isna().to_numpy().nonzero()[0][0]
             raise ValueError(f"null {SEQ_COL} in row {changes.index[i]!r} of batch {batch_id}")
