@@ -98,6 +98,11 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
+    except BrokenPipeError:
+        # the reader went away (`spark-changelog cat T | head`): not an error
+        import os
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except Exception as e:  # a clear message, not a JVM stack trace
         from .connectors.cdc_json import InvalidChangeError
         if isinstance(e, (InvalidChangeError, ValueError, FileNotFoundError)):
