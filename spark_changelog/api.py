@@ -22,21 +22,26 @@ from typing import Optional, Sequence, Union
 import pyarrow as pa
 
 from .model import KIND_COL, SEQ_COL, ChangelogMode, StreamSchema, as_key
+from .model.watermark import BoundedOutOfOrderness, Duration, duration_ms
 from .operators.base import KeyedOperator
 from .operators.normalize import DAY_MS, ChangelogNormalize
 from .plan import explain_plan, materialize as plan_materialize
 from .plan.expressions import classify, expression_text
 from .plan.rules import PlanError, plan_warnings
 from .plan.traits import (Join, Materialize, Node, Normalize, Project, ProjectItem, Sink, Source,
-                          join_state_unique_key, prepare_join_input)
+                          WatermarkAssigner, join_state_unique_key, prepare_join_input)
 from .runtime.spark_keyed import DEFAULT_KEY_GROUPS, apply_keyed
 
 JoinOn = Union[str, Sequence[Union[str, tuple]], dict, None]
 
 
 def arrow_schema_of(df) -> pa.Schema:
+    """The Arrow schema operators see.  TIMESTAMP columns are UTC instants
+    (``timestamp[us, tz=UTC]``): the runtime hands operators tz-aware UTC
+    values whatever the session time zone, so state and event times never
+    depend on it (``spark_keyed._input_frame``)."""
     from pyspark.sql.pandas.types import to_arrow_schema
-    return to_arrow_schema(df.schema)
+    return to_arrow_schema(df.schema, timezone="UTC")
 
 
 @dataclasses.dataclass
@@ -108,6 +113,40 @@ class ChangelogStream:
         return self.apply(op, out_schema, key_groups=key_groups,
                           plan=Normalize(self.node, tuple(key), generate_update_before))
 
+    # -- event time -----------------------------------------------------------
+    def with_watermark(self, column: str, bound: Duration = 0) -> "ChangelogStream":
+        """Declare ``column`` (a TIMESTAMP) the event-time attribute, with a
+        bounded-out-of-orderness watermark: ``max event time seen - bound - 1 ms``
+        (spec section 6; Flink's ``WATERMARK FOR column AS column - INTERVAL
+        'bound'``).  ``bound``: milliseconds, ``"5 seconds"`` or a timedelta.
+
+        Declare it on a source, before ``normalize``/``join``: Spark computes one
+        watermark per query (the minimum over the sources that declare one) and
+        keeps it in the checkpoint.  ``ON CONFLICT DO ERROR/NOTHING`` need it.
+        An integer epoch column is turned into a timestamp first, e.g.
+        ``s.with_column("rt", "timestamp_millis(t)").with_watermark("rt", 1000)``.
+        """
+        if column not in self.schema.columns:
+            raise ValueError(f"with_watermark: column {column!r} not among {list(self.schema.columns)}")
+        if self.schema.watermark is not None:
+            raise PlanError(f"with_watermark: the stream already has a watermark on "
+                            f"{self.schema.watermark.column!r}")
+        if any(step != "Project" for step in self.steps):
+            raise PlanError("with_watermark must be declared on a source, before stateful "
+                            f"operators ({', '.join(self.steps)}): Spark does not allow "
+                            "redefining the event time after a stateful operator")
+        dtype = dict((f.name, f.dataType.typeName()) for f in self.df.schema.fields)[column]
+        if dtype not in ("timestamp", "timestamp_ntz"):
+            raise TypeError(
+                f"with_watermark: event-time column {column!r} has type {dtype}; it must be a "
+                f"TIMESTAMP. For epoch milliseconds add one first: "
+                f".with_column('{column}_ts', 'timestamp_millis({column})')")
+        strategy = BoundedOutOfOrderness(column, duration_ms(bound))
+        df = self.df.withWatermark(column, strategy.spark_delay)
+        schema = self.schema.with_(time_attribute=column, watermark=strategy)
+        node = WatermarkAssigner(self.node, column, strategy.bound_ms)
+        return ChangelogStream(df, schema, self.source, self.steps, node)
+
     # -- projection -----------------------------------------------------------
     def select(self, *cols, **named) -> "ChangelogStream":
         """Project the data columns (``_kind``/``_seq`` are kept).
@@ -174,8 +213,12 @@ class ChangelogStream:
                 carried.setdefault(i.source, i.name)
         pk = tuple(carried[c] for c in self.schema.primary_key) \
             if all(c in carried for c in self.schema.primary_key) else ()
+        time_attr = carried.get(self.schema.time_attribute) if self.schema.time_attribute else None
+        watermark = self.schema.watermark
+        if watermark is not None and time_attr is not None:
+            watermark = watermark.renamed(time_attr)
         schema = StreamSchema(tuple(names), pk, t.upsert_key, t.mode,
-                              watermark=self.schema.watermark)
+                              time_attribute=time_attr, watermark=watermark)
         return ChangelogStream(out, schema, self.source, self.steps + ("Project",), node)
 
     project = select
@@ -225,8 +268,17 @@ class ChangelogStream:
                          join_state_unique_key(right.node.traits, rk), condition, state_ttl_ms)
         out = apply_keyed(layout.spark_union(left_df, right_df), op, key_groups=key_groups)
         t = node.traits
+        # the event-time column of the output: the left one, else the right one
+        # (renamed as in the output); the watermark is the query's, min over sources
+        time_attr = left.schema.time_attribute
+        if time_attr is None and right.schema.time_attribute is not None:
+            time_attr = node.right_rename[right.schema.time_attribute]
+        watermark = left.schema.watermark or right.schema.watermark
+        if watermark is not None and time_attr is not None:
+            watermark = watermark.renamed(time_attr)
         schema = StreamSchema(tuple(t.columns), (), t.upsert_key, t.mode,
-                              watermark=left.schema.watermark if t.has_watermark else None)
+                              time_attribute=time_attr if t.has_watermark else None,
+                              watermark=watermark if t.has_watermark else None)
         return ChangelogStream(out, schema, None, left.steps + right.steps + (op.name,), node)
 
     def _join_ready(self) -> "ChangelogStream":
@@ -290,9 +342,12 @@ class ChangelogStream:
         if sink.decision.inserted:
             m = sink.input
             assert isinstance(m, Materialize)
-            if m.conflict != "deduplicate":
-                raise PlanError(f"conflict={m.conflict!r} needs watermark timers, which the Spark "
-                                "runtime does not run yet; use conflict='deduplicate'")
+            if m.conflict != "deduplicate" and self.schema.time_attribute is None:
+                raise PlanError(
+                    f"conflict={m.conflict!r} (ON CONFLICT DO {m.conflict.upper()}) buffers changes "
+                    "until the watermark passes their event time, but the rows written have no "
+                    "event-time column: keep the column the watermark is declared on "
+                    "(with_watermark) in the projection")
             op = SinkUpsertMaterializer(arrow_schema_of(self._data_df()), sink.key,
                                         upsert_key=m.upsert_key, state_ttl_ms=materializer_ttl_ms,
                                         conflict=m.conflict,

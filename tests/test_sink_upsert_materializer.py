@@ -86,18 +86,7 @@ def run_batches(op, frame: pd.DataFrame, cuts, **kw):
 def flush(runner: LocalRunner, watermark_ms: int, processing_time_ms: int = 0) -> pd.DataFrame:
     """What a runtime's watermark timer does: fold due buffered changes of keys
     that got no rows in the batch (``SinkUpsertMaterializer.on_watermark``)."""
-    op = runner.operator
-    ctx = OpContext(processing_time_ms=processing_time_ms, watermark_ms=watermark_ms,
-                    next_seq=runner.next_seq)
-    due = op.due(runner.state, ctx)
-    if not due.any():
-        return op.empty_output()
-    mask = rows_with_keys(runner.state, op.key, distinct_keys(runner.state[due], op.key))
-    new_state, out = op.on_watermark(runner.state[mask].reset_index(drop=True), ctx)
-    runner.state = pd.concat([runner.state[~mask], new_state], ignore_index=True)
-    runner.next_seq = ctx.next_seq
-    runner.metrics.merge(ctx.metrics)
-    return out
+    return runner.advance_watermark(watermark_ms, processing_time_ms)
 
 
 # --------------------------------------------------------------------------- fixtures

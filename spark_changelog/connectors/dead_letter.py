@@ -49,17 +49,20 @@ def _records(invalid: Any) -> list[dict]:
     return out
 
 
-def _file_name(batch_id: Optional[int], payload: bytes) -> str:
+def _file_name(batch_id: Optional[int], payload: bytes, prefix: str = "") -> str:
     if batch_id is not None:
         if int(batch_id) < 0:
             raise ValueError(f"batch_id must be >= 0, got {batch_id}")
-        return f"batch-{int(batch_id):012d}{SUFFIX}"
-    return f"content-{hashlib.sha256(payload).hexdigest()[:20]}{SUFFIX}"
+        return f"{prefix}batch-{int(batch_id):012d}{SUFFIX}"
+    return f"{prefix}content-{hashlib.sha256(payload).hexdigest()[:20]}{SUFFIX}"
 
 
-def write_dead_letter(invalid: Any, directory: str, batch_id: Optional[int] = None) -> int:
+def write_dead_letter(invalid: Any, directory: str, batch_id: Optional[int] = None,
+                      prefix: str = "") -> int:
     """Write the invalid records (Spark or pandas DataFrame) to ``directory``.
 
+    ``prefix`` keeps the files of different writers apart (the input query's
+    batch ids and the sink's are numbered independently): ``sink-batch-...``.
     Returns the number of records written.  An empty batch writes nothing (and
     removes a file left for the same batch id by an earlier attempt).
     """
@@ -68,11 +71,11 @@ def write_dead_letter(invalid: Any, directory: str, batch_id: Optional[int] = No
     payload = "".join(json.dumps(r, ensure_ascii=False, sort_keys=False) + "\n" for r in records).encode("utf-8")
     if not records:
         if batch_id is not None:
-            stale = os.path.join(directory, _file_name(batch_id, b""))
+            stale = os.path.join(directory, _file_name(batch_id, b"", prefix))
             if os.path.exists(stale):
                 os.remove(stale)
         return 0
-    target = os.path.join(directory, _file_name(batch_id, payload))
+    target = os.path.join(directory, _file_name(batch_id, payload, prefix))
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=SUFFIX, dir=directory)
     try:
         with os.fdopen(fd, "wb") as fh:

@@ -21,6 +21,8 @@ import dataclasses
 import enum
 from typing import Optional, Sequence
 
+from .watermark import WatermarkStrategy
+
 KIND_COL = "_kind"
 SEQ_COL = "_seq"
 METADATA_COLUMNS = (KIND_COL, SEQ_COL)
@@ -43,14 +45,6 @@ class ChangelogMode(enum.Enum):
 
 
 @dataclasses.dataclass(frozen=True)
-class WatermarkStrategy:
-    """Placeholder for the event-time issue: ``BoundedOutOfOrderness`` lives here."""
-
-    column: str
-    bound_ms: int = 0
-
-
-@dataclasses.dataclass(frozen=True)
 class StreamSchema:
     """What the planner knows about a stream besides its column types."""
 
@@ -58,7 +52,7 @@ class StreamSchema:
     primary_key: tuple[str, ...] = ()
     upsert_key: Optional[tuple[str, ...]] = None
     mode: ChangelogMode = ChangelogMode.RETRACT
-    time_attribute: Optional[str] = None
+    time_attribute: Optional[str] = None   # the event-time column (the watermark's)
     watermark: Optional[WatermarkStrategy] = None
 
     def __post_init__(self) -> None:
@@ -66,6 +60,9 @@ class StreamSchema:
             missing = [c for c in cols if c not in self.columns]
             if missing:
                 raise ValueError(f"{name} column(s) {missing} not among columns {list(self.columns)}")
+        if self.time_attribute is not None and self.time_attribute not in self.columns:
+            raise ValueError(f"event-time column {self.time_attribute!r} not among columns "
+                             f"{list(self.columns)}")
         clash = [c for c in self.columns if c in METADATA_COLUMNS]
         if clash:
             raise ValueError(f"column name(s) {clash} are reserved for changelog metadata")

@@ -19,6 +19,13 @@ the same ``process`` and never re-implements a rule.
 * ``output``: emitted rows, data columns of :attr:`output_schema` plus
   ``_kind``/``_seq``, in emission order.
 
+Operators that wait for event time (``uses_watermark``) also get the
+watermark in ``ctx.watermark_ms`` and implement :meth:`KeyedOperator.due`,
+:meth:`KeyedOperator.pending_times` and :meth:`KeyedOperator.on_watermark`:
+``process`` acts on the due rows of the keys it is given, and the runtime's
+watermark timer (:func:`~spark_changelog.runtime.keygroup.fire_watermark`)
+hands ``on_watermark`` the keys with due rows that got no input.
+
 Counters (superseded changes, unmatched retractions, expired state, ...) go to
 ``ctx.metrics``; the runtime sums them over key groups and micro-batches.
 """
@@ -71,6 +78,9 @@ class OpContext:
     watermark_ms: Optional[int] = None
     metrics: Metrics = dataclasses.field(default_factory=Metrics)
     next_seq: int = 0
+    #: set by the runtime after ``process`` for operators that wait for event
+    #: time: the earliest time a touched key's state waits for (its timer)
+    next_timer_ms: Optional[int] = None
 
     def allocate_seq(self, n: int) -> np.ndarray:
         """``n`` consecutive output sequence numbers, in emission order."""
@@ -113,6 +123,29 @@ class KeyedOperator(abc.ABC):
     def process(self, state: pd.DataFrame, rows: pd.DataFrame, ctx: OpContext
                 ) -> tuple[pd.DataFrame, pd.DataFrame]:
         """One micro-batch of one key group (module docstring)."""
+
+    # -- event time (operators that wait for the watermark) -------------------
+    @property
+    def uses_watermark(self) -> bool:
+        """True when state waits for the watermark: the runtime then passes the
+        watermark and runs a timer per key group (``fire_watermark``)."""
+        return False
+
+    def due(self, state: pd.DataFrame, ctx: OpContext) -> np.ndarray:
+        """State rows that wait for a watermark ``ctx.watermark_ms`` has passed."""
+        return np.zeros(len(state), dtype=bool)
+
+    def pending_times(self, state: pd.DataFrame) -> np.ndarray:
+        """Per state row, the event time (ms) at which it becomes due; ``inf``
+        for rows that wait for nothing.  The runtime sets its timer at the
+        minimum."""
+        return np.full(len(state), np.inf)
+
+    def on_watermark(self, state: pd.DataFrame, ctx: OpContext
+                     ) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """Act on the due rows of the keys in ``state`` (keys that got no input
+        in this batch); returns their new state and the output, like ``process``."""
+        return state, self.empty_output()
 
     def retain(self, state: pd.DataFrame, ctx: OpContext) -> "pd.Series | None":
         """Which state rows survive a compaction (TTL, tombstone retention).

@@ -531,9 +531,34 @@ class SinkUpsertMaterializer(KeyedOperator):
                 ctx.metrics.add("ttl_expired", int((~keep).sum()))
                 expired_keys = state.loc[~keep, list(self.key)].drop_duplicates()
                 state = state[keep].reset_index(drop=True)
+        null_key = rows[list(self.key)].isna().any(axis=1).to_numpy()
+        passed = None
+        if null_key.any():
+            # a change without a sink key cannot be materialized (it would pair up
+            # with every other null-key change): it passes through untouched, and
+            # the sink sends it to the dead-letter output (sinks.base.split_null_keys)
+            ctx.metrics.add("null_key_passthrough", int(null_key.sum()))
+            passed = rows[null_key][self.data_columns + [KIND_COL]].assign(
+                **{SEQ_COL: ctx.allocate_seq(int(null_key.sum()))})
+            rows = rows[~null_key].reset_index(drop=True)
         if self.conflict == "deduplicate":
-            return self._process_deduplicate(state, rows, ctx, expired_keys)
-        return self._process_buffered(state, rows, ctx, expired_keys)
+            new_state, out = self._process_deduplicate(state, rows, ctx, expired_keys)
+        else:
+            new_state, out = self._process_buffered(state, rows, ctx, expired_keys)
+        if passed is not None:
+            out = pd.concat([passed, out], ignore_index=True) if len(out) else \
+                passed.reset_index(drop=True)
+        return new_state, out
+
+    @property
+    def uses_watermark(self) -> bool:
+        return self.conflict != "deduplicate"
+
+    def pending_times(self, state: pd.DataFrame) -> np.ndarray:
+        if self.conflict == "deduplicate" or state.empty:
+            return np.full(len(state), np.inf)
+        buffered = state[WatermarkBufferedRows.BUFFERED].to_numpy(dtype=bool, na_value=False)
+        return np.where(buffered, self._event_time(state).astype(np.float64), np.inf)
 
     def on_watermark(self, state: pd.DataFrame, ctx: OpContext
                      ) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -551,7 +576,7 @@ class SinkUpsertMaterializer(KeyedOperator):
         """State rows holding buffered changes that ``ctx.watermark_ms`` has passed."""
         if self.conflict == "deduplicate" or state.empty or ctx.watermark_ms is None:
             return np.zeros(len(state), dtype=bool)
-        buffered = state[WatermarkBufferedRows.BUFFERED].to_numpy(dtype=bool)
+        buffered = state[WatermarkBufferedRows.BUFFERED].to_numpy(dtype=bool, na_value=False)
         return buffered & (self._event_time(state) <= ctx.watermark_ms)
 
     # -- DO DEDUPLICATE -----------------------------------------------------
@@ -725,7 +750,13 @@ class SinkUpsertMaterializer(KeyedOperator):
 
     def _event_time(self, df: pd.DataFrame) -> np.ndarray:
         col = df[self.time_column]
+        if col.dtype == object and len(col) and isinstance(col.dropna().iloc[0] if col.notna().any()
+                                                            else None, pd.Timestamp):
+            # timestamps mixed with nulls in an object column (state with cleared markers)
+            col = pd.to_datetime(col, utc=True)
         if pd.api.types.is_datetime64_any_dtype(col.dtype):
+            if isinstance(col.dtype, pd.DatetimeTZDtype):
+                col = col.dt.tz_convert("UTC").dt.tz_localize(None)
             ms = col.astype("datetime64[ms]").to_numpy().astype(np.int64)
             return np.where(col.isna().to_numpy(), np.iinfo(np.int64).min, ms)
         # a row without event time cannot wait for the watermark: due at once
@@ -779,7 +810,10 @@ def _describe(row, cols) -> str:
 
 
 def _plain(value):
-    """numpy scalars as Python values, so messages read ``id=1``."""
+    """numpy scalars as Python values and timestamps as ISO text, so messages
+    read ``id=1`` and ``ts='2026-11-22T10:00:00+00:00'``."""
+    if isinstance(value, pd.Timestamp):
+        return value.isoformat()
     return value.item() if isinstance(value, np.generic) else value
 
 

@@ -109,6 +109,23 @@ class Source(Node):
         return f"Source(name=[{self.name}], fields=[{', '.join(self.columns)}], primaryKey={fmt_key(self.primary_key)})"
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class WatermarkAssigner(Node):
+    """Declares the event-time column and the watermark strategy (spec section 6)."""
+
+    input: Node
+    column: str
+    bound_ms: int = 0
+
+    @property
+    def children(self):
+        return (self.input,)
+
+    def label(self) -> str:
+        return (f"WatermarkAssigner(rowtime=[{self.column}], "
+                f"watermark=[{self.column} - {self.bound_ms} ms])")
+
+
 @dataclasses.dataclass(frozen=True)
 class ProjectItem:
     """One output column of a projection.
@@ -371,6 +388,8 @@ def infer(node: Node) -> Traits:
         return source_traits(node)
     if isinstance(node, Project):
         return project_traits(node.input.traits, node.items)
+    if isinstance(node, WatermarkAssigner):
+        return dataclasses.replace(node.input.traits, has_watermark=True, notes=())
     if isinstance(node, Normalize):
         t = normalize_traits(node.input.traits, node.key, node.generate_update_before)
         if node.auto:
@@ -405,6 +424,7 @@ def prepare_join_input(node: Node) -> Node:
 
 
 __all__ = ["Traits", "Node", "Source", "Project", "ProjectItem", "Normalize", "Join", "Materialize",
+           "WatermarkAssigner",
            "Sink", "infer", "source_traits", "project_traits", "normalize_traits", "join_traits",
            "exchange_upsert_key", "join_output_names", "join_input_specs", "join_state_unique_key",
            "prepare_join_input", "fmt_key", "fmt_keys"]

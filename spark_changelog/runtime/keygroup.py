@@ -1,8 +1,10 @@
 """One call of an operator on one key group: the step every runtime shares."""
 from __future__ import annotations
 
+import math
 from typing import Optional
 
+import numpy as np
 import pandas as pd
 
 from ..model import SEQ_COL
@@ -30,6 +32,45 @@ def process_key_group(operator: KeyedOperator, stack: Optional[RunStack], rows: 
     if state_in is None:
         state_in = operator.empty_state()
     new_state, out = operator.process(state_in, rows, ctx)
+    if operator.uses_watermark:
+        ctx.next_timer_ms = next_timer_ms(operator, new_state)
     if stack is not None:
         stack.push(stack.new_run(touched, new_state), retain=lambda df: operator.retain(df, ctx))
     return out
+
+
+def fire_watermark(operator: KeyedOperator, stack: RunStack, ctx: OpContext) -> pd.DataFrame:
+    """The watermark timer of one key group: ``on_watermark`` for the keys with
+    state rows the watermark ``ctx.watermark_ms`` has passed (keys that got
+    input were already handled by ``process``), their new state recorded as a
+    run.  Returns the output."""
+    if ctx.watermark_ms is None or not stack.runs:
+        return operator.empty_output()
+    due = stack.live_where(lambda rows: operator.due(rows, ctx))
+    if due.empty:
+        return operator.empty_output()
+    keys = distinct_keys(due, operator.key)
+    state_in = stack.lookup(keys)
+    new_state, out = operator.on_watermark(state_in, ctx)
+    stack.push(stack.new_run(keys, new_state), retain=lambda df: operator.retain(df, ctx))
+    return out
+
+
+def next_timer_ms(operator: KeyedOperator, state: Optional[pd.DataFrame]) -> Optional[int]:
+    """When the earliest row of ``state`` waiting for the watermark becomes due
+    (``None``: nothing waits).  ``state``: all live rows of a key group, or
+    those of the keys a batch touched."""
+    if state is None or state.empty:
+        return None
+    times = operator.pending_times(state)
+    if not len(times):
+        return None
+    first = float(np.min(times))
+    if math.isinf(first) and first > 0:
+        return None
+    return int(max(first, -2 ** 62))
+
+
+def pending_rows(operator: KeyedOperator, stack: RunStack) -> pd.DataFrame:
+    """All live state rows of a key group that wait for the watermark."""
+    return stack.live_where(lambda rows: np.isfinite(operator.pending_times(rows)))

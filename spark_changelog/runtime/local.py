@@ -48,6 +48,24 @@ class LocalRunner:
         self.next_seq = ctx.next_seq
         return out.reset_index(drop=True)
 
+    def advance_watermark(self, watermark_ms: int, processing_time_ms: Optional[int] = None
+                          ) -> pd.DataFrame:
+        """What the Spark runtime's watermark timer does: ``on_watermark`` for
+        the keys whose state the watermark has passed (``fire_watermark``)."""
+        op = self.operator
+        ctx = OpContext(processing_time_ms=int(time.time() * 1000) if processing_time_ms is None
+                        else processing_time_ms, watermark_ms=watermark_ms,
+                        next_seq=self.next_seq)
+        due = op.due(self.state, ctx)
+        if not due.any():
+            return op.empty_output()
+        mask = rows_with_keys(self.state, op.key, distinct_keys(self.state[due], op.key))
+        new_state, out = op.on_watermark(self.state[mask].reset_index(drop=True), ctx)
+        self.state = concat_rows([self.state[~mask], new_state])
+        self.next_seq = ctx.next_seq
+        self.metrics.merge(ctx.metrics)
+        return out.reset_index(drop=True)
+
     def run(self, batches: Iterable[pd.DataFrame], **kw) -> pd.DataFrame:
         outs = [self.run_batch(b, **kw) for b in batches]
         outs = [o for o in outs if len(o)]

@@ -13,9 +13,11 @@ checkpoint, so both resume together.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
+import re
 import time
 import uuid
 from typing import Callable, Optional
@@ -49,6 +51,7 @@ class RunReport:
     counters: dict = dataclasses.field(default_factory=dict)
     warnings: list = dataclasses.field(default_factory=list)
     state_rows: int = 0
+    watermark_ms: Optional[int] = None   # the latest event-time watermark an operator saw
     plan: str = ""   # the planner's explain text (ChangelogStream.write_upsert)
 
     @property
@@ -62,6 +65,9 @@ class RunReport:
                 self.counters[k] = self.counters.get(k, 0) + int(v)
             self.warnings.extend(m.get("warnings", []))
             state_rows += int(m.get("state_rows", 0))
+            wm = m.get("watermark_ms")
+            if wm is not None and (self.watermark_ms is None or wm > self.watermark_ms):
+                self.watermark_ms = int(wm)
         if metrics:
             self.state_rows = max(self.state_rows, state_rows)
 
@@ -79,6 +85,11 @@ class RunReport:
             f"time: {self.seconds:.1f} s" + (f"   ({self.rows_in / self.seconds:,.0f} rows/s)"
                                              if self.seconds > 0 and self.rows_in else ""),
         ]
+        if self.watermark_ms is not None:
+            lines.append(f"event-time watermark: {_iso_ms(self.watermark_ms)}   "
+                         f"watermark timers fired: {c.get('watermark_timers', 0)}")
+        if c.get("null_sink_key"):
+            lines.append(f"changes with a null sink key (dead letter): {c['null_sink_key']}")
         if self.table:
             lines.append(f"upsert table: {self.table}")
         if self.changelog:
@@ -90,6 +101,12 @@ class RunReport:
         return "\n".join(lines)
 
 
+def _iso_ms(ms: int) -> str:
+    import datetime
+    return datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc).isoformat(
+        timespec="milliseconds")
+
+
 def split_metrics(table: pa.Table) -> tuple[pd.DataFrame, list[dict]]:
     """Operator output (Arrow) -> (data rows as pandas, metric payloads)."""
     if METRICS_COL not in table.column_names:
@@ -98,6 +115,32 @@ def split_metrics(table: pa.Table) -> tuple[pd.DataFrame, list[dict]]:
     metrics = [json.loads(s) for s in table.filter(is_metric)[METRICS_COL].to_pylist()]
     data = table.filter(pc.invert(is_metric)).drop_columns([METRICS_COL])
     return data.to_pandas(), metrics
+
+
+#: errors an operator raises on purpose, recognised in the text of the Spark
+#: exception that carries them out of a Python worker
+_OPERATOR_ERRORS = (
+    (re.compile(r"Primary key constraint violation \(ON CONFLICT DO ERROR\):.*"),
+     "PrimaryKeyConstraintViolation"),
+)
+
+
+@contextlib.contextmanager
+def operator_errors():
+    """Re-raise an operator's own error (e.g. ``ON CONFLICT DO ERROR``'s
+    :class:`PrimaryKeyConstraintViolation`) as itself instead of as Spark's
+    wrapper with a Python traceback inside; the Spark error stays its cause.
+    The failing micro-batch reached no sink: its output is never committed."""
+    try:
+        yield
+    except Exception as err:   # Spark's Py4J/Python/StreamingQuery exceptions
+        text = str(err)
+        for pattern, name in _OPERATOR_ERRORS:
+            m = pattern.search(text)
+            if m:
+                from ..operators import sink_upsert_materializer as sum_
+                raise getattr(sum_, name)(m.group(0).strip()) from err
+        raise
 
 
 def _query_id(checkpoint: str) -> str:
@@ -116,6 +159,7 @@ def run_to_sink(stream, table, *, checkpoint: Optional[str] = None,
                 changelog_path: Optional[str] = None, changelog_format: str = "parquet",
                 dead_letter: Optional[str] = None, strict: bool = False, key=None,
                 progress: Optional[Callable[[RunReport], None]] = None) -> RunReport:
+    from ..sinks.base import split_null_keys
     from ..sinks.changelog import ChangelogSink
     from ..sinks.delta import DeltaUpsertSink
 
@@ -130,9 +174,24 @@ def run_to_sink(stream, table, *, checkpoint: Optional[str] = None,
                        changelog=changelog_path, dead_letter=dead_letter)
     t0 = time.perf_counter()
 
+    table_name = os.fspath(table) if isinstance(table, (str, os.PathLike)) else type(table).__name__
+
     def handle(batch: pa.Table, batch_id: int, query_id: str) -> None:
         data, metrics = split_metrics(batch)
         report.add_metrics(metrics)
+        # a change whose sink key is null cannot be applied: dead letter (or stop),
+        # before anything of the batch is written
+        data, rejects = split_null_keys(data, key, table_name)
+        if len(rejects):
+            if strict or dead_letter is None:
+                first = rejects.iloc[0]
+                raise ValueError(f"{len(rejects)} change(s) with a null sink key in batch {batch_id}"
+                                 f"{'' if strict else ' and no dead-letter directory'}: first: "
+                                 f"{first['reason']}: {first['raw']}")
+            from ..connectors.dead_letter import write_dead_letter
+            write_dead_letter(rejects, dead_letter, batch_id=batch_id, prefix="sink-")
+            report.invalid += len(rejects)
+            report.counters["null_sink_key"] = report.counters.get("null_sink_key", 0) + len(rejects)
         if log is not None:
             log.write_batch(data, batch_id=batch_id, query_id=query_id)
         result = sink.write_batch(data, query_id=query_id, batch_id=batch_id)
@@ -167,7 +226,9 @@ def run_to_sink(stream, table, *, checkpoint: Optional[str] = None,
     if not stream.is_streaming:
         if source is not None:
             handle_bad(source.invalid.toPandas(), source.skipped.toPandas(), None)
-        handle(stream.df.toArrow(), 0, f"batch-{uuid.uuid4().hex}")
+        with operator_errors():
+            output = stream.df.toArrow()
+        handle(output, 0, f"batch-{uuid.uuid4().hex}")
         report.seconds = time.perf_counter() - t0
         return report
 
@@ -199,8 +260,14 @@ def run_to_sink(stream, table, *, checkpoint: Optional[str] = None,
     queries.append(stream.df.writeStream.foreachBatch(main_batch)
                    .option("checkpointLocation", main_ck)
                    .trigger(availableNow=True).start())
-    for q in queries:
-        q.awaitTermination()
+    try:
+        with operator_errors():
+            for q in queries:
+                q.awaitTermination()
+    finally:
+        for q in queries:
+            if q.isActive:
+                q.stop()
     report.seconds = time.perf_counter() - t0
     return report
 

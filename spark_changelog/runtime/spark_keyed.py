@@ -35,9 +35,10 @@ import pyarrow as pa
 from pyspark.sql.streaming import StatefulProcessor
 
 from ..model import KIND_COL
+from ..model.watermark import END_OF_INPUT_MS
 from ..operators.base import KeyedOperator, Metrics, OpContext
-from .keygroup import process_key_group
-from .state_runs import WORKER_CACHE, Run, RunStack, run_schema
+from .keygroup import fire_watermark, next_timer_ms, pending_rows, process_key_group
+from .state_runs import WORKER_CACHE, Run, RunStack, concat_rows, run_schema
 
 KEY_GROUP_COL = "_kg"
 METRICS_COL = "_metrics"
@@ -71,7 +72,7 @@ def _with_metrics(out: pd.DataFrame, operator: KeyedOperator, ctx: OpContext, ex
         return metrics
     out = out.copy()
     out[METRICS_COL] = None
-    return pd.concat([out, metrics], ignore_index=True)
+    return concat_rows([out, metrics])
 
 
 def add_key_group(df, key, key_groups: int):
@@ -79,7 +80,7 @@ def add_key_group(df, key, key_groups: int):
     return df.withColumn(KEY_GROUP_COL, F.pmod(F.hash(*[F.col(k) for k in key]), F.lit(key_groups)))
 
 
-def _input_frame(rows, columns) -> pd.DataFrame:
+def _input_frame(rows, columns, time_zone: Optional[str] = None) -> pd.DataFrame:
     frames = [f for f in rows if len(f)]
     if not frames:
         return pd.DataFrame()
@@ -87,29 +88,55 @@ def _input_frame(rows, columns) -> pd.DataFrame:
     # Spark hands columns whose names start with "_" over as "_<position>":
     # restore the names from the input schema.
     pdf.columns = list(columns)
-    return pdf.drop(columns=[KEY_GROUP_COL], errors="ignore")
+    return utc_timestamps(pdf.drop(columns=[KEY_GROUP_COL], errors="ignore"), time_zone)
+
+
+def utc_timestamps(pdf: pd.DataFrame, time_zone: Optional[str]) -> pd.DataFrame:
+    """Spark gives TIMESTAMP columns to pandas as naive wall-clock times of the
+    session time zone; operators get them as tz-aware UTC instants (the type
+    of ``api.arrow_schema_of``), so event times and stored state do not depend
+    on the session's zone.  Spark converts tz-aware output back itself."""
+    for c in pdf.columns:
+        col = pdf[c]
+        if pd.api.types.is_datetime64_dtype(col.dtype):   # naive only
+            local = col.dt.tz_localize(time_zone or "UTC", ambiguous=np.zeros(len(col), dtype=bool),
+                                       nonexistent="shift_forward")
+            pdf[c] = local.dt.tz_convert("UTC")
+    return pdf
 
 
 class KeyGroupProcessor(StatefulProcessor):
-    """One key group's RunStack in the state store (module docstring)."""
+    """One key group's RunStack in the state store (module docstring).
 
-    def __init__(self, operator: KeyedOperator, columns, growth: float, max_runs: int):
+    For operators that wait for event time (``operator.uses_watermark``) the
+    query runs in ``EventTime`` mode: every call gets Spark's watermark, and
+    each key group keeps one timer (value state ``timer``) at the earliest
+    event time its state waits for.  Spark fires it once the watermark reaches
+    it (``t <= watermark``, the same rule as ``due``), also in the extra batch
+    without data it runs when only the watermark moved;
+    :func:`~spark_changelog.runtime.keygroup.fire_watermark` then acts on the
+    keys with due rows and the timer moves to the next pending time.
+    """
+
+    def __init__(self, operator: KeyedOperator, columns, growth: float, max_runs: int,
+                 time_zone: Optional[str] = None):
         self.operator = operator
         self.columns = list(columns)
+        self.time_zone = time_zone
         self.growth = growth
         self.max_runs = max_runs
 
     def init(self, handle) -> None:
+        self.handle = handle
         self.meta = handle.getValueState("meta", "run_ids STRING, next_seq LONG")
         self.runs = handle.getMapState("runs", "run_id STRING", "blob BINARY")
+        self.timer = (handle.getValueState("timer", "at LONG")
+                      if self.operator.uses_watermark else None)
         self.schema = run_schema(self.operator.state_schema)
 
-    def handleInputRows(self, key, rows, timerValues) -> Iterator[pd.DataFrame]:
+    # -- state: load and save the key group's run stack -------------------------
+    def _load(self, key) -> tuple[RunStack, list, int, int]:
         op = self.operator
-        pdf = _input_frame(rows, self.columns)
-        if pdf.empty:
-            return
-        t0 = time.perf_counter()
         meta = self.meta.get() if self.meta.exists() else None
         run_ids = json.loads(meta[0]) if meta else []
         next_seq = int(meta[1]) if meta else 0
@@ -126,9 +153,9 @@ class KeyGroupProcessor(StatefulProcessor):
                 WORKER_CACHE.put(run)
             loaded.append(run)
         stack = RunStack(op.key, loaded, growth=self.growth, max_runs=self.max_runs)
-        ctx = OpContext(processing_time_ms=int(timerValues.getCurrentProcessingTimeInMs()),
-                        next_seq=next_seq)
-        out = process_key_group(op, stack, pdf, ctx)
+        return stack, run_ids, next_seq, misses
+
+    def _save(self, stack: RunStack, run_ids: list, next_seq: int) -> int:
         before = set(run_ids)
         after = [r.id for r in stack.runs]
         written = 0
@@ -140,10 +167,69 @@ class KeyGroupProcessor(StatefulProcessor):
         for rid in before.difference(after):
             self.runs.removeKey((rid,))
             WORKER_CACHE.discard(rid)
-        self.meta.update((json.dumps(after), int(ctx.next_seq)))
+        self.meta.update((json.dumps(after), int(next_seq)))
+        return written
+
+    def _context(self, timerValues, next_seq: int) -> OpContext:
+        watermark = None
+        if self.timer is not None:
+            wm = int(timerValues.getCurrentWatermarkInMs())
+            # Spark starts at 0 before it has seen any event time
+            watermark = wm if wm > 0 else None
+        return OpContext(processing_time_ms=int(timerValues.getCurrentProcessingTimeInMs()),
+                         watermark_ms=watermark, next_seq=next_seq)
+
+    def _set_timer(self, at: Optional[int], *, replace: bool) -> None:
+        """Keep one timer at the earliest pending time.  ``replace``: ``at`` is
+        the exact earliest time of the whole group (after a timer fired);
+        otherwise only an earlier time moves the timer (a later one already
+        registered fires, finds nothing due and moves on)."""
+        current = int(self.timer.get()[0]) if self.timer.exists() else None
+        if at is None:
+            if replace and current is not None:
+                self.handle.deleteTimer(current)
+                self.timer.clear()
+            return
+        if current is not None:
+            if current == at or (not replace and current < at):
+                return
+            self.handle.deleteTimer(current)
+        self.handle.registerTimer(int(at))
+        self.timer.update((int(at),))
+
+    # -- Spark callbacks ---------------------------------------------------------
+    def handleInputRows(self, key, rows, timerValues) -> Iterator[pd.DataFrame]:
+        op = self.operator
+        pdf = _input_frame(rows, self.columns, self.time_zone)
+        if pdf.empty:
+            return
+        t0 = time.perf_counter()
+        stack, run_ids, next_seq, misses = self._load(key)
+        ctx = self._context(timerValues, next_seq)
+        out = process_key_group(op, stack, pdf, ctx)
+        written = self._save(stack, run_ids, ctx.next_seq)
+        if self.timer is not None:
+            self._set_timer(ctx.next_timer_ms, replace=False)
         yield _with_metrics(out, op, ctx, {
-            "state_rows": stack.size, "runs": len(after), "rows_written": written,
-            "cache_misses": misses, "seconds": time.perf_counter() - t0})
+            "state_rows": stack.size, "runs": len(stack.runs), "rows_written": written,
+            "cache_misses": misses, "seconds": time.perf_counter() - t0,
+            "watermark_ms": ctx.watermark_ms})
+
+    def handleExpiredTimer(self, key, timerValues, expiredTimerInfo) -> Iterator[pd.DataFrame]:
+        op = self.operator
+        t0 = time.perf_counter()
+        # Spark has dropped the fired timer already
+        self.timer.clear()
+        stack, run_ids, next_seq, misses = self._load(key)
+        ctx = self._context(timerValues, next_seq)
+        out = fire_watermark(op, stack, ctx)
+        written = self._save(stack, run_ids, ctx.next_seq)
+        self._set_timer(next_timer_ms(op, pending_rows(op, stack)), replace=True)
+        ctx.metrics.add("watermark_timers", 1)
+        yield _with_metrics(out, op, ctx, {
+            "state_rows": stack.size, "runs": len(stack.runs), "rows_written": written,
+            "cache_misses": misses, "seconds": time.perf_counter() - t0,
+            "watermark_ms": ctx.watermark_ms})
 
     def close(self) -> None:
         pass
@@ -156,24 +242,49 @@ def apply_keyed(df, operator: KeyedOperator, *, key_groups: int = DEFAULT_KEY_GR
     A streaming ``df`` runs with state in the state store; a bounded one is
     processed in one go per key group, with the same operator code.
     """
+    if df.isStreaming and operator.uses_watermark:
+        df = without_late_row_filter(df)
     keyed = add_key_group(df, operator.key, key_groups)
     grouped = keyed.groupBy(KEY_GROUP_COL)
     out_schema = spark_schema(output_schema_with_metrics(operator))
+    time_zone = df.sparkSession.conf.get("spark.sql.session.timeZone")
     if df.isStreaming:
-        processor = KeyGroupProcessor(operator, keyed.columns, growth, max_runs)
+        processor = KeyGroupProcessor(operator, keyed.columns, growth, max_runs, time_zone)
         return grouped.transformWithStateInPandas(
             statefulProcessor=processor, outputStructType=out_schema,
-            outputMode="Append", timeMode="None")
+            outputMode="Append", timeMode="EventTime" if operator.uses_watermark else "None")
 
     now = int(time.time() * 1000) if processing_time_ms is None else processing_time_ms
 
     def run_group(pdf: pd.DataFrame) -> pd.DataFrame:
-        pdf = pdf.drop(columns=[KEY_GROUP_COL], errors="ignore")
-        ctx = OpContext(processing_time_ms=now)
+        pdf = utc_timestamps(pdf.drop(columns=[KEY_GROUP_COL], errors="ignore"), time_zone)
+        # a bounded input is complete: the end-of-input watermark passes everything
+        ctx = OpContext(processing_time_ms=now,
+                        watermark_ms=END_OF_INPUT_MS if operator.uses_watermark else None)
         out = process_key_group(operator, None, pdf, ctx)
         return _with_metrics(out, operator, ctx, {"state_rows": 0})
 
     return grouped.applyInPandas(run_group, schema=out_schema)
+
+
+WATERMARK_METADATA = "spark.watermarkDelayMs"
+
+
+def without_late_row_filter(df):
+    """``df`` with the watermark marker removed from its event-time columns.
+
+    In ``EventTime`` mode ``transformWithState`` silently drops input rows
+    whose event time is behind the (previous batch's) watermark when its input
+    column carries the marker ``withWatermark`` puts on it.  We never drop a
+    row silently (spec section 6): the operator decides what a late row means
+    (``ON CONFLICT``: it is due at once).  Spark's query watermark is kept: it
+    comes from the ``EventTimeWatermark`` node upstream, not from the column."""
+    from pyspark.sql import functions as F
+    marked = [f.name for f in df.schema.fields if WATERMARK_METADATA in (f.metadata or {})]
+    if not marked:
+        return df
+    return df.select(*[F.col(f"`{c}`").alias(c, metadata={"spark_changelog.event_time": True})
+                       if c in marked else F.col(f"`{c}`") for c in df.columns])
 
 
 def split_metrics(pdf: pd.DataFrame) -> tuple[pd.DataFrame, list[dict]]:

@@ -156,6 +156,33 @@ class RunStack:
         found = concat_rows(parts)
         return found[~found[CLEARED_COL].to_numpy(dtype=bool)].drop(columns=CLEARED_COL).reset_index(drop=True)
 
+    def live_where(self, pred) -> pd.DataFrame:
+        """The live state rows (newest run of their key, not cleared) for which
+        ``pred(rows) -> bool mask`` holds.  ``pred`` sees each run's rows first,
+        so only its matches are checked for being shadowed by a newer run: the
+        cost follows the state's size once (vectorized) plus the matches."""
+        parts = []
+        for i, run in enumerate(self.runs):
+            if not run.size:
+                continue
+            rows = run.rows[~run.rows[CLEARED_COL].to_numpy(dtype=bool, na_value=False)]
+            if rows.empty:
+                continue
+            hit = rows[np.asarray(pred(rows.drop(columns=CLEARED_COL)), dtype=bool)]
+            if hit.empty:
+                continue
+            keys = (pd.Index(hit[self.key[0]]) if len(self.key) == 1
+                    else pd.MultiIndex.from_frame(hit[self.key]))
+            live = np.ones(len(hit), dtype=bool)
+            for newer in self.runs[i + 1:]:
+                if len(newer.uniques):
+                    live &= ~np.asarray(keys.isin(newer.uniques), dtype=bool)
+            parts.append(hit[live])
+        if not parts:
+            return self.runs[-1].rows.iloc[:0].drop(columns=CLEARED_COL) if self.runs \
+                else pd.DataFrame()
+        return concat_rows(parts).drop(columns=CLEARED_COL)
+
     def new_run(self, touched: pd.DataFrame, new_state: pd.DataFrame) -> Run:
         """The run recording a batch: new rows of touched keys, markers for cleared ones."""
         from ..operators.keys import rows_with_keys

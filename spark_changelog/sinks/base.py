@@ -8,6 +8,7 @@ id so that a batch replayed after a crash is not applied twice.
 from __future__ import annotations
 
 import abc
+import json
 from typing import Sequence
 
 import numpy as np
@@ -39,6 +40,43 @@ def net_changes_per_key(changes: pd.DataFrame, key: Sequence[str]) -> pd.DataFra
     last[:-1] = sorted_codes[1:] != sorted_codes[:-1]
     keep = np.sort(order[last])                          # keep the input's row order
     return changes.iloc[keep].reset_index(drop=True)
+
+
+def split_null_keys(changes: pd.DataFrame, key: Sequence[str], table: str
+                    ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``(rows with a complete key, rejects)``: a change whose primary key has a
+    null column cannot be applied to an upsert table (spec section 3, "bad
+    input").  Rejects come as dead-letter records (``raw``: the row as JSON
+    with its ``op``; ``file``: ``sink:<table>``; ``line``: its ``_seq``;
+    ``reason`` naming the field)."""
+    if changes.empty:
+        return changes, pd.DataFrame(columns=["raw", "file", "line", "reason"])
+    nulls = changes[list(key)].isna()
+    bad = nulls.any(axis=1).to_numpy()
+    if not bad.any():
+        return changes, pd.DataFrame(columns=["raw", "file", "line", "reason"])
+    from ..model import RowKind
+    rows = changes[bad]
+    data_cols = [c for c in changes.columns if c not in (KIND_COL, SEQ_COL)]
+    raws, reasons = [], []
+    for (_, row), null_row in zip(rows.iterrows(), nulls[bad].itertuples(index=False)):
+        op = RowKind(int(row[KIND_COL])).short
+        record = {"op": op, **{c: _json_value(row[c]) for c in data_cols}}
+        raws.append(json.dumps(record, default=str))
+        fields = [k for k, isnull in zip(key, null_row) if isnull]
+        reasons.append(f"field {', '.join(repr(f) for f in fields)}: primary key of the sink "
+                       f"table is null ({op} change, _seq {int(row[SEQ_COL])})")
+    rejects = pd.DataFrame({"raw": raws, "file": f"sink:{table}",
+                            "line": rows[SEQ_COL].astype("int64").to_numpy(), "reason": reasons})
+    return changes[~bad].reset_index(drop=True), rejects
+
+
+def _json_value(v):
+    if v is None or (isinstance(v, float) and np.isnan(v)) or v is pd.NaT or v is pd.NA:
+        return None
+    if isinstance(v, pd.Timestamp):
+        return v.isoformat()
+    return v.item() if isinstance(v, np.generic) else v
 
 
 def check_kinds(changes: pd.DataFrame, batch_id) -> None:

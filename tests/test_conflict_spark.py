@@ -1,0 +1,231 @@
+"""ON CONFLICT DO NOTHING / DO ERROR on Spark (spec section 3, last paragraphs).
+
+The materializer buffers changes per sink key until Spark's event-time
+watermark passes them.  These tests run the whole path: a changelog source with
+``with_watermark``, ``write_upsert(conflict=...)`` into a Delta table and a
+changelog, streaming (one file per micro-batch, timers firing between batches
+and in the extra batch Spark runs when only the watermark moved) and batch (end
+of input: everything is due).  The expected output is the operator run by the
+local runner on the same micro-batches with the watermark Spark uses for each
+(``max event time of the earlier batches - bound - 1 ms``): the Spark runtime
+must add nothing and lose nothing.
+"""
+from __future__ import annotations
+
+import os
+import random
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from changelog_data import schema_of, to_frame, to_rows
+from spark_changelog.api import ChangelogStream
+from spark_changelog.model import END_OF_INPUT_MS, KIND_COL, SEQ_COL, RowKind
+from spark_changelog.operators.sink_upsert_materializer import (PrimaryKeyConstraintViolation,
+                                                                SinkUpsertMaterializer)
+from spark_changelog.plan import PlanError
+from spark_changelog.runtime.local import LocalRunner
+from spark_changelog.sinks.changelog import read_changelog
+from spark_changelog.sinks.delta import read_table
+
+COLS = ["uk", "pk", "v", "t"]
+ARROW = schema_of(COLS, [pa.int64(), pa.int64(), pa.string(), pa.int64()])
+BOUND_MS = 0
+
+# (uk, pk, v, t): sink key pk, upsert key uk, event time t (ms)
+FILES = [
+    # two upsert keys write sink key 10 within one watermark step
+    [["+I", [1, 10, "a", 1000]], ["+I", [2, 10, "b", 1200]], ["+I", [9, 90, "z", 1300]]],
+    # watermark 1299: a and b are due: DO NOTHING keeps the first (+I a), DO ERROR fails
+    [["+I", [3, 20, "c", 5000]]],
+    # watermark 4999: uk 1 changes a -> a2 (its late -U is due at once: -D a);
+    # c (5000) waits
+    [["-U", [1, 10, "a", 1000]], ["+U", [1, 10, "a2", 6000]], ["+I", [5, 40, "e", 5500]]],
+    # a later row moves the watermark past a2 and e (flushed by timers)
+    [["+I", [4, 30, "d", 20000]]],
+]
+
+
+def write_files(directory, files):
+    os.makedirs(directory, exist_ok=True)
+    seq = 0
+    frames = []
+    for i, rows in enumerate(files):
+        f = to_frame(rows, COLS, seqs=range(seq, seq + len(rows)))
+        seq += len(rows)
+        frames.append(f)
+        pq.write_table(pa.Table.from_pandas(f, schema=ARROW, preserve_index=False),
+                       os.path.join(directory, f"part-{i:04d}.parquet"))
+    return frames
+
+
+def source(spark, directory, streaming):
+    from pyspark.sql.pandas.types import from_arrow_schema
+    st = from_arrow_schema(ARROW)
+    df = (spark.readStream.schema(st).option("maxFilesPerTrigger", 1).parquet(directory)
+          if streaming else spark.read.schema(st).parquet(directory))
+    return (ChangelogStream.from_dataframe(df, primary_key=["uk"], name="x")
+            .with_column("rt", "timestamp_millis(t)")
+            .with_watermark("rt", BOUND_MS))
+
+
+def expected(frames, conflict, streaming):
+    """(changelog per sink key, final table) from the local runner, batch by
+    batch with Spark's watermark schedule; batch = one batch at end of input."""
+    op = SinkUpsertMaterializer(ARROW, ["pk"], upsert_key=["uk"], conflict=conflict,
+                                time_column="t")
+    runner = LocalRunner(op)
+    outs = []
+    if not streaming:
+        outs.append(runner.run_batch(pd.concat(frames, ignore_index=True), processing_time_ms=0,
+                                     watermark_ms=END_OF_INPUT_MS))
+    else:
+        max_t = None
+        for f in frames:
+            wm = None if max_t is None else max_t - BOUND_MS - 1
+            outs.append(runner.run_batch(f, processing_time_ms=0, watermark_ms=wm))
+            if wm is not None:
+                outs.append(runner.advance_watermark(wm, 0))
+            max_t = max(int(f["t"].max()), max_t or int(f["t"].max()))
+        outs.append(runner.advance_watermark(max_t - BOUND_MS - 1, 0))   # the no-data batch
+    out = pd.concat([o for o in outs if len(o)], ignore_index=True)
+    per_key: dict = {}
+    for kind, vals in to_rows(out, COLS):
+        per_key.setdefault(vals[1], []).append([kind, vals])
+    table = {}
+    for key, rows in per_key.items():
+        kind, vals = rows[-1]
+        if kind in ("+I", "+U"):
+            table[key] = tuple(vals)
+    return per_key, table
+
+
+def actual(report_dir):
+    log = read_changelog(report_dir / "log")
+    per_key: dict = {}
+    for r in log.sort_values(["_batch", SEQ_COL], kind="stable").to_dict("records"):
+        per_key.setdefault(int(r["pk"]), []).append(
+            [RowKind(int(r[KIND_COL])).short, [int(r["uk"]), int(r["pk"]), r["v"], int(r["t"])]])
+    table = read_table(str(report_dir / "table"))
+    rows = {int(r.pk): (int(r.uk), int(r.pk), r.v, int(r.t))
+            for r in table.itertuples(index=False)}
+    return per_key, rows
+
+
+def run(spark, tmp_path, files, conflict, streaming):
+    frames = write_files(tmp_path / "in", files)
+    s = source(spark, str(tmp_path / "in"), streaming)
+    report = s.write_upsert(str(tmp_path / "table"), key="pk", conflict=conflict,
+                            checkpoint=str(tmp_path / "ck") if streaming else None,
+                            changelog_path=str(tmp_path / "log"), key_groups=4)
+    return frames, report
+
+
+@pytest.mark.parametrize("streaming", [True, False], ids=["streaming", "batch"])
+def test_do_nothing_keeps_first_row_and_waits_for_the_watermark(spark, tmp_path, streaming):
+    frames, report = run(spark, tmp_path, FILES, "nothing", streaming)
+    want_log, want_table = expected(frames, "nothing", streaming)
+    got_log, got_table = actual(tmp_path)
+    assert got_log == want_log
+    assert got_table == want_table
+    if streaming:
+        # spelled out for pk 10: at watermark 1299 a and b are due: DO NOTHING keeps
+        # the first (+I a) and drops b; at 4999 uk 1's -U a is due: -D a; a2 (6000)
+        # is due once the watermark passes 6000 (a timer)
+        assert want_log[10] == [["+I", [1, 10, "a", 1000]], ["-D", [1, 10, "a", 1000]],
+                                ["+I", [1, 10, "a2", 6000]]]
+        assert want_table[10] == (1, 10, "a2", 6000)
+    else:
+        # one fold at end of input: a, b, -U a, +U a2 leave [b, a2]: the first is kept
+        assert want_log[10] == [["+I", [2, 10, "b", 1200]]]
+    if streaming:
+        # the last row (t = 20000) waits for a watermark that never comes
+        assert 30 not in got_table
+        assert report.watermark_ms is not None and report.watermark_ms >= 6000 - BOUND_MS - 1
+        assert report.counters.get("watermark_timers", 0) > 0
+    else:
+        assert got_table[30] == (4, 30, "d", 20000)
+    assert "SinkUpsertMaterializer" in report.plan and "NOTHING" in report.plan
+    assert "WatermarkAssigner(rowtime=[rt], watermark=[rt - 0 ms])" in report.plan
+
+
+def test_do_error_stops_the_query_naming_the_key(spark, tmp_path):
+    with pytest.raises(PrimaryKeyConstraintViolation) as err:
+        run(spark, tmp_path, FILES, "error", True)
+    msg = str(err.value)
+    assert "pk=10" in msg and "v='a'" in msg and "v='b'" in msg
+    # batch 0 (both rows buffered, nothing emitted) committed; batch 1 failed whole
+    assert read_table(str(tmp_path / "table")).empty
+    log = read_changelog(tmp_path / "log")
+    assert set(log["_batch"]) <= {0} and log.empty
+
+
+def test_do_error_batch(spark, tmp_path):
+    with pytest.raises(PrimaryKeyConstraintViolation, match=r"pk=10"):
+        run(spark, tmp_path, FILES, "error", False)
+
+
+def test_do_error_without_conflict_passes(spark, tmp_path):
+    files = [rows for rows in FILES]
+    files[0] = [["+I", [1, 10, "a", 1000]], ["+I", [2, 11, "b", 1200]]]
+    frames, report = run(spark, tmp_path, files, "error", True)
+    want_log, want_table = expected(frames, "error", True)
+    assert actual(tmp_path) == (want_log, want_table)
+    assert want_table[11] == (2, 11, "b", 1200)
+
+
+def test_random_changelog_streaming_equals_local_runner(spark, tmp_path):
+    """200 changes over 8 sink keys and 30 upsert keys, out-of-order event
+    times, 6 micro-batches: Spark's output per key equals the local runner's."""
+    rnd = random.Random(7)
+    alive: dict = {}
+    rows = []
+    t = 1000
+    for _ in range(200):
+        uk = rnd.randrange(30)
+        t += rnd.randrange(0, 400)
+        et = t - rnd.randrange(0, 1500)            # out of order, some late
+        if uk in alive and rnd.random() < 0.3:
+            rows.append(["-D", alive.pop(uk)])
+        elif uk in alive:
+            old = alive[uk]
+            new = [uk, old[1], f"v{len(rows)}", et]
+            rows += [["-U", old], ["+U", new]]
+            alive[uk] = new
+        else:
+            alive[uk] = [uk, rnd.randrange(8), f"v{len(rows)}", et]
+            rows.append(["+I", alive[uk]])
+    cuts = sorted(rnd.sample(range(1, len(rows)), 5))
+    files = [rows[a:b] for a, b in zip([0] + cuts, cuts + [len(rows)])]
+    frames, report = run(spark, tmp_path, files, "nothing", True)
+    want_log, want_table = expected(frames, "nothing", True)
+    got_log, got_table = actual(tmp_path)
+    assert got_log == want_log
+    assert got_table == want_table
+    assert len(want_table) >= 3
+
+
+def test_watermark_needs_a_timestamp_column(spark):
+    df = spark.createDataFrame(pd.DataFrame({"uk": [1], "pk": [1], "v": ["a"], "t": [1],
+                                             KIND_COL: np.array([0], np.int8),
+                                             SEQ_COL: [0]}))
+    s = ChangelogStream.from_dataframe(df, primary_key=["uk"])
+    with pytest.raises(TypeError, match="timestamp_millis"):
+        s.with_watermark("t", 10)
+    with pytest.raises(PlanError, match="before stateful"):
+        s.normalize().with_column("rt", "timestamp_millis(t)").with_watermark("rt", 10)
+
+
+def test_conflict_nothing_without_watermark_is_rejected(spark, tmp_path):
+    df = spark.createDataFrame(pd.DataFrame({"uk": [1], "pk": [1], "v": ["a"], "t": [1],
+                                             KIND_COL: np.array([0], np.int8),
+                                             SEQ_COL: [0]}))
+    s = ChangelogStream.from_dataframe(df, primary_key=["uk"])
+    with pytest.raises(PlanError, match="watermark"):
+        s.write_upsert(str(tmp_path / "t"), key="pk", conflict="nothing")
+    with pytest.raises(PlanError, match="event-time column"):
+        (s.with_column("rt", "timestamp_millis(t)").with_watermark("rt", 0)
+         .select("uk", "pk", "v").write_upsert(str(tmp_path / "t"), key="pk", conflict="nothing"))
