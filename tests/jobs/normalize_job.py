@@ -6,8 +6,8 @@ the sinks and then hangs inside the batch, before Spark records the batch as
 done: the test kills it there, so the restart must replay batch k.
 """
 import sys
-import time
 
+from job_progress import progress_printer
 from spark_changelog.api import ChangelogStream
 from spark_changelog.runtime.session import build_session
 
@@ -20,12 +20,7 @@ def main() -> None:
           .schema("id BIGINT, name STRING, score BIGINT, _kind TINYINT, _seq BIGINT").load(src))
     stream = ChangelogStream.from_dataframe(df, primary_key=["id"]).normalize(key_groups=4)
 
-    def progress(report):
-        done = report.batches - 1
-        print(f"committed {done}", flush=True)
-        if hang_after is not None and done == hang_after:
-            time.sleep(3600)
-
+    progress = progress_printer(hang_after)
     report = stream.write_upsert(table, checkpoint=ck, changelog_path=log, progress=progress)
     print(f"finished batches={report.batches} replayed={report.replayed_batches}", flush=True)
 

@@ -8,10 +8,10 @@ records the batch as done: the test kills it there, so the restart must replay
 batch k (and the sink must skip it).
 """
 import sys
-import time
 
 import pyarrow as pa
 
+from job_progress import progress_printer
 from spark_changelog.api import ChangelogStream
 from spark_changelog.runtime.session import build_session
 from spark_changelog.sinks.postgres import PostgresUpsertSink
@@ -28,12 +28,7 @@ def main() -> None:
     stream = ChangelogStream.from_dataframe(df, primary_key=["id"]).normalize(key_groups=4)
     sink = PostgresUpsertSink(conninfo, table, ["id"], SCHEMA)
 
-    def progress(report):
-        done = report.batches - 1
-        print(f"committed {done}", flush=True)
-        if hang_after is not None and done == hang_after:
-            time.sleep(3600)
-
+    progress = progress_printer(hang_after)
     report = stream.write_upsert(sink, checkpoint=ck, progress=progress)
     print(f"finished batches={report.batches} replayed={report.replayed_batches} "
           f"upserted={report.upserted} deleted={report.deleted}", flush=True)
