@@ -342,16 +342,9 @@ class ChangelogStream:
         if sink.decision.inserted:
             m = sink.input
             assert isinstance(m, Materialize)
-            if m.conflict != "deduplicate" and self.schema.time_attribute is None:
-                raise PlanError(
-                    f"conflict={m.conflict!r} (ON CONFLICT DO {m.conflict.upper()}) buffers changes "
-                    "until the watermark passes their event time, but the rows written have no "
-                    "event-time column: keep the column the watermark is declared on "
-                    "(with_watermark) in the projection")
             op = SinkUpsertMaterializer(arrow_schema_of(self._data_df()), sink.key,
                                         upsert_key=m.upsert_key, state_ttl_ms=materializer_ttl_ms,
-                                        conflict=m.conflict,
-                                        time_column=self.schema.time_attribute)
+                                        conflict=m.conflict)
             t = m.traits
             schema = StreamSchema(tuple(t.columns), tuple(sink.key), tuple(sink.key), t.mode,
                                   watermark=self.schema.watermark)

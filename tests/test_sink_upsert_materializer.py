@@ -16,7 +16,6 @@ from reference.sink_upsert_materializer import (ReferenceSinkUpsertMaterializer,
                                                  ReferenceWatermarkMaterializer)
 from spark_changelog.model import KIND_COL, SEQ_COL
 from spark_changelog.operators.base import OpContext
-from spark_changelog.operators.keys import distinct_keys, rows_with_keys
 from spark_changelog.operators.sink_upsert_materializer import (PrimaryKeyConstraintViolation,
                                                                 SequencedAliveRows,
                                                                 SinkUpsertMaterializer)
@@ -27,7 +26,6 @@ TYPES = {"int64": pa.int64(), "string": pa.string(), "float64": pa.float64()}
 SCENARIOS = load_fixture("materializer/scenarios.json")
 SEED_CASES = load_fixture("materializer/seed_cases.json")
 TTL = load_fixture("materializer/ttl.json")
-CONFLICT = load_fixture("materializer/conflict.json")
 STEP_CASES = {**{f"scenario:{k}": v for k, v in SCENARIOS.items()},
               **{f"seed:{k}": v for k, v in SEED_CASES.items()}}
 
@@ -37,8 +35,7 @@ STEP_CASES = {**{f"scenario:{k}": v for k, v in SCENARIOS.items()},
 def make_operator(fx: dict, **overrides) -> SinkUpsertMaterializer:
     schema = schema_of(fx["columns"], [TYPES[t] for t in fx["types"]])
     kw = dict(sink_key=fx["sink_key"], upsert_key=fx.get("upsert_key"),
-              state_ttl_ms=fx.get("state_ttl_ms"), conflict=fx.get("conflict", "deduplicate"),
-              time_column=fx.get("time_column"))
+              state_ttl_ms=fx.get("state_ttl_ms"), conflict=fx.get("conflict", "deduplicate"))
     kw.update(overrides)
     return SinkUpsertMaterializer(schema, **kw)
 
@@ -213,36 +210,8 @@ def test_process_sorts_rows_it_is_given_unsorted():
 
 # --------------------------------------------------------------------------- ON CONFLICT
 
-@pytest.mark.parametrize("name", sorted(CONFLICT))
-def test_conflict_modes(name):
-    fx = CONFLICT[name]
-    op = make_operator(fx)
-    runner = LocalRunner(op)
-    outs, seq = [], 0
-    for b in fx["batches"]:
-        wm = b["watermark_ms"]
-        if b.get("on_watermark"):
-            out = flush(runner, wm)
-        else:
-            frame = to_frame(b["rows"], fx["columns"], seqs=range(seq, seq + len(b["rows"])))
-            seq += len(b["rows"])
-            if "error" in b:
-                with pytest.raises(PrimaryKeyConstraintViolation) as err:
-                    runner.run_batch(frame, processing_time_ms=0, watermark_ms=wm)
-                for part in b["error"]:
-                    assert part in str(err.value)
-                return
-            out = runner.run_batch(frame, processing_time_ms=0, watermark_ms=wm)
-        assert to_rows(out, fx["columns"]) == b["out"]
-        outs.append(out)
-    assert table_of(pd.concat(outs, ignore_index=True), fx) == sorted(fx["final_table"], key=repr)
-
-
-@pytest.mark.parametrize("conflict", ["error", "nothing"])
-def test_conflict_modes_need_a_watermark(conflict):
-    fx = SEED_CASES["case1"]
-    with pytest.raises(ValueError, match="needs a source with a watermark"):
-        make_operator(fx, conflict=conflict)
+# ON CONFLICT DO ERROR/NOTHING against Flink 2.3's recorded runs: test_conflict_flink.py;
+# on Spark: test_conflict_spark.py; against the oracle: test_conflict_modes_match_reference
 
 
 # --------------------------------------------------------------------------- property tests
@@ -305,9 +274,9 @@ def test_matches_row_at_a_time_reference(case):
 @given(changelogs(with_time=True), st.sampled_from(["error", "nothing"]), st.randoms())
 def test_conflict_modes_match_reference(case, conflict, rnd):
     fx, rows, seqs, cuts = case
-    fx = {**fx, "conflict": conflict, "time_column": "ts"}
+    fx = {**fx, "conflict": conflict}
     ref = ReferenceWatermarkMaterializer(fx["columns"], fx["sink_key"], fx["upsert_key"],
-                                         conflict, "ts")
+                                         conflict)
     runner = LocalRunner(make_operator(fx))
     frame = to_frame(rows, fx["columns"], seqs=seqs)
     bounds = [0, *sorted(set(cuts)), len(frame)]
@@ -317,7 +286,7 @@ def test_conflict_modes_match_reference(case, conflict, rnd):
             continue
         watermark += rnd.randint(0, 8)
         for (kind, values), s in zip(rows[a:b], seqs[a:b]):
-            ref.add(kind, tuple(values), s)
+            ref.add(kind, tuple(values), s, watermark)   # stamped with the batch's watermark
         try:
             expected = ref.advance(watermark)
         except AssertionError:

@@ -1,14 +1,16 @@
 """Watermark strategies (spec section 6).
 
 A watermark says "no more rows with an event time at or before W are expected".
-Operators that wait for event time (``ON CONFLICT DO ERROR/NOTHING``; windows)
-act on a row once the watermark has passed its event time: ``t <= W``.
+Operators that wait for it (windows: a row is late when ``t <= W``; ``ON
+CONFLICT DO ERROR/NOTHING``: a change waits for the next watermark advance)
+get it from the runtime as ``OpContext.watermark_ms``.
 
 :class:`BoundedOutOfOrderness`: ``W = max_event_time_seen - bound - 1 ms``,
-never going backwards (Flink's ``BoundedOutOfOrdernessWatermarks``; the SQL
-form ``WATERMARK FOR ts AS ts - INTERVAL 'b' ...`` is the same with the bound b,
-because Flink subtracts the extra millisecond when it emits).  Monotonous
-timestamps are bound 0 (:func:`monotonous_timestamps`).
+never going backwards (Flink's DataStream ``BoundedOutOfOrdernessWatermarks``).
+Flink SQL's ``WATERMARK FOR ts AS ts - INTERVAL 'b' ...`` emits the expression
+itself, ``max - b``: that is a bound of ``b - 1 ms`` here (observed in the
+recordings of ``tests/fixtures/flink/conflict.json``).  Monotonous timestamps
+are bound 0 (:func:`monotonous_timestamps`).
 
 On Spark the strategy becomes ``withWatermark(column, bound + 1 ms)``: Spark's
 watermark is ``max - delay``, global over the query's partitions and sources

@@ -132,11 +132,11 @@ class KeyedOperator(abc.ABC):
         return False
 
     def due(self, state: pd.DataFrame, ctx: OpContext) -> np.ndarray:
-        """State rows that wait for a watermark ``ctx.watermark_ms`` has passed."""
+        """State rows that ``ctx.watermark_ms`` makes due (they waited for it)."""
         return np.zeros(len(state), dtype=bool)
 
     def pending_times(self, state: pd.DataFrame) -> np.ndarray:
-        """Per state row, the event time (ms) at which it becomes due; ``inf``
+        """Per state row, the watermark (ms) at which it becomes due; ``inf``
         for rows that wait for nothing.  The runtime sets its timer at the
         minimum."""
         return np.full(len(state), np.inf)

@@ -17,8 +17,9 @@ State per sink key: the rows currently "alive" for it, as an ordered list.
   the key if nothing matched (its state expired by TTL: FLINK-29225).
 
 ``conflict="error"``/``"nothing"`` (Flink 2.3 ``ON CONFLICT DO ERROR``/``DO
-NOTHING``) buffer changes until the watermark passes their event time, fold
-them with the same list rule, and emit at most one row per key and watermark.
+NOTHING``) buffer changes until the watermark advances past the watermark they
+arrived under, fold them with the same list rule, and emit at most one row per
+key and watermark.
 
 How it is vectorized (no per-row Python on the hot path)
 --------------------------------------------------------
@@ -70,11 +71,19 @@ State, compaction, TTL
   crosses.
 
 ``DO ERROR``/``DO NOTHING`` store at most one current row per key plus the
-changes the watermark has not passed yet (:class:`WatermarkBufferedRows`), so
-their state is bounded by the watermark.  Buffered changes are folded in
-``_seq`` order (Flink folds in timestamp order).  ``process`` folds the keys of
-its batch; keys with due changes but no new rows need the runtime to call
-:meth:`SinkUpsertMaterializer.on_watermark` (a watermark timer) for them.
+changes waiting for the watermark (:class:`WatermarkBufferedRows`), so their
+state is bounded by the watermark.  *When* a change is due follows Flink 2.3,
+not the change's event time (recorded in ``tests/fixtures/flink/conflict.json``):
+Flink stamps every change with the watermark current when it arrives and folds
+a key's buffer when a strictly larger watermark arrives.  A ``-U``/``-D``
+carries the old row's (old) event time; judged by event time it would be due
+at once, never folded with the ``+U`` it belongs to, and the sink would see a
+transient ``-D``/``+I`` (or, with ``DO NOTHING``, end on the wrong row).  So a
+change is due when ``watermark > stamp`` (stamp = the watermark of its batch;
+before any watermark, the first watermark releases it); late rows are
+buffered like any other.  Buffered changes are folded in ``_seq`` (arrival)
+order.  ``process`` folds the keys of its batch; keys with due changes but no
+new rows need the runtime's watermark timer (:meth:`SinkUpsertMaterializer.on_watermark`).
 """
 from __future__ import annotations
 
@@ -95,6 +104,9 @@ Conflict = Literal["deduplicate", "error", "nothing"]
 #: at most this many "retraction matched nothing" warnings per call (the
 #: counter still counts every row); the last warning says how many were left out
 MAX_WARNINGS_PER_CALL = 10
+
+#: the stamp of a change that arrived before there was any watermark
+NO_WATERMARK = np.iinfo(np.int64).min
 
 
 class PrimaryKeyConstraintViolation(RuntimeError):
@@ -146,10 +158,12 @@ class SequencedAliveRows:
 class WatermarkBufferedRows:
     """State of ``DO ERROR``/``DO NOTHING``: per sink key, the current value
     (at most one row, ``_buffered`` false) and the changes waiting for the
-    watermark (``_buffered`` true, with their ``_kind`` and ``_seq``).
-    ``_access_ms`` as in :class:`SequencedAliveRows`."""
+    watermark (``_buffered`` true, with their ``_kind``, ``_seq`` and
+    ``_stamp``: the watermark they arrived under, :data:`NO_WATERMARK` before
+    there was one).  ``_access_ms`` as in :class:`SequencedAliveRows`."""
 
     BUFFERED = "_buffered"
+    STAMP = "_stamp"
     ACCESS = "_access_ms"
 
     def __init__(self, input_schema: pa.Schema, key: Sequence[str], data_columns: Sequence[str]):
@@ -160,6 +174,7 @@ class WatermarkBufferedRows:
         self.schema = pa.schema(fields + [pa.field(KIND_COL, pa.int8()),
                                           pa.field(SEQ_COL, pa.int64()),
                                           pa.field(self.BUFFERED, pa.bool_()),
+                                          pa.field(self.STAMP, pa.int64()),
                                           pa.field(self.ACCESS, pa.int64())])
 
 
@@ -455,8 +470,8 @@ class SinkUpsertMaterializer(KeyedOperator):
     key's entries when no batch touched it for that long (``ttl_expired``); a
     retraction later finding nothing is counted (``retract_no_match``) and
     warned about with its key.  ``conflict``: ``"deduplicate"`` (default) or
-    ``"error"``/``"nothing"``, which need ``time_column`` (the event-time
-    attribute the watermark is computed on).  ``entries_warn_threshold``: warn
+    ``"error"``/``"nothing"``, which need a watermark on the sources (the
+    planner checks it: ``plan.rules``).  ``entries_warn_threshold``: warn
     when a key's alive list grows past it (retractions that never match, e.g.
     non-deterministic columns without an upsert key).
     """
@@ -465,7 +480,7 @@ class SinkUpsertMaterializer(KeyedOperator):
 
     def __init__(self, input_schema: pa.Schema, sink_key: Sequence[str],
                  upsert_key: Optional[Sequence[str]] = None, state_ttl_ms: Optional[int] = None,
-                 conflict: Conflict = "deduplicate", time_column: Optional[str] = None,
+                 conflict: Conflict = "deduplicate",
                  entries_warn_threshold: int = 10_000):
         super().__init__(input_schema, tuple(sink_key))
         if not self.key:
@@ -482,18 +497,8 @@ class SinkUpsertMaterializer(KeyedOperator):
             raise ValueError(f"{self.name}: state_ttl_ms must be positive, got {state_ttl_ms}")
         self.conflict = conflict
         self.state_ttl_ms = state_ttl_ms
-        self.time_column = time_column
         self.entries_warn_threshold = entries_warn_threshold
         if conflict != "deduplicate":
-            clause = f"ON CONFLICT DO {conflict.upper()}"
-            if time_column is None:
-                raise ValueError(
-                    f"{self.name}: {clause} needs a source with a watermark: it buffers changes "
-                    "per key until the watermark passes them. Pass time_column= (the event-time "
-                    "attribute the watermark is defined on), or use ON CONFLICT DO DEDUPLICATE.")
-            if time_column not in self.data_columns:
-                raise ValueError(f"{self.name}: time column {time_column!r} not in input "
-                                 f"{self.data_columns}")
             self.view = WatermarkBufferedRows(input_schema, self.key, self.data_columns)
         else:
             self.view = SequencedAliveRows(input_schema, self.key, self.data_columns)
@@ -558,7 +563,9 @@ class SinkUpsertMaterializer(KeyedOperator):
         if self.conflict == "deduplicate" or state.empty:
             return np.full(len(state), np.inf)
         buffered = state[WatermarkBufferedRows.BUFFERED].to_numpy(dtype=bool, na_value=False)
-        return np.where(buffered, self._event_time(state).astype(np.float64), np.inf)
+        stamp = state[WatermarkBufferedRows.STAMP].to_numpy(dtype=np.float64, na_value=np.inf)
+        # due once the watermark is strictly above the stamp
+        return np.where(buffered, stamp + 1, np.inf)
 
     def on_watermark(self, state: pd.DataFrame, ctx: OpContext
                      ) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -577,7 +584,8 @@ class SinkUpsertMaterializer(KeyedOperator):
         if self.conflict == "deduplicate" or state.empty or ctx.watermark_ms is None:
             return np.zeros(len(state), dtype=bool)
         buffered = state[WatermarkBufferedRows.BUFFERED].to_numpy(dtype=bool, na_value=False)
-        return buffered & (self._event_time(state) <= ctx.watermark_ms)
+        stamp = state[WatermarkBufferedRows.STAMP].to_numpy(dtype=np.float64, na_value=np.inf)
+        return buffered & (stamp < ctx.watermark_ms)
 
     # -- DO DEDUPLICATE -----------------------------------------------------
     def _process_deduplicate(self, state, rows, ctx, expired_keys):
@@ -635,6 +643,8 @@ class SinkUpsertMaterializer(KeyedOperator):
         view: WatermarkBufferedRows = self.view
         buffered_in = rows[self.data_columns + [KIND_COL, SEQ_COL]].copy()
         buffered_in[view.BUFFERED] = True
+        buffered_in[view.STAMP] = np.int64(NO_WATERMARK if ctx.watermark_ms is None
+                                           else ctx.watermark_ms)
         buffered_in[view.ACCESS] = np.int64(ctx.processing_time_ms)
         parts = [p for p in (state, buffered_in) if len(p)]
         if not parts:
@@ -680,9 +690,12 @@ class SinkUpsertMaterializer(KeyedOperator):
         has_prev = prev >= 0
         many = count > 1
         new_val = np.where(count == 1, head, -1)
-        # DO NOTHING keeps the first row: the previous one if there was one
-        # (observed Flink 2.3 behaviour), else the first of the folded list
-        new_val = np.where(many, np.where(has_prev, prev, head), new_val)
+        # DO NOTHING keeps the first row of the folded list: the previous value
+        # while it is still alive (it is the oldest entry), else the oldest
+        # survivor.  Flink 2.3 keeps the previous value even when the fold
+        # retracted it, so the sink keeps a row whose source row was deleted
+        # (recorded: conflict.json C11); we keep the spec's "first row" instead.
+        new_val = np.where(many, head, new_val)
         kind = np.full(n_keys, -1, dtype=np.int8)
         kind[(new_val < 0) & has_prev] = RowKind.DELETE
         kind[(new_val >= 0) & ~has_prev] = RowKind.INSERT
@@ -704,6 +717,7 @@ class SinkUpsertMaterializer(KeyedOperator):
         cur = values.frame(stay, view.value_columns, {
             KIND_COL: np.full(m, RowKind.INSERT, dtype=np.int8),
             SEQ_COL: np.full(m, -1, dtype=np.int64), view.BUFFERED: np.zeros(m, dtype=bool),
+            view.STAMP: np.full(m, NO_WATERMARK, dtype=np.int64),
             view.ACCESS: np.full(m, ctx.processing_time_ms, dtype=np.int64)})
         parts = [p for p in (keep, cur) if len(p)]
         new_state = pd.concat(parts, ignore_index=True) if parts else self.empty_state()
@@ -717,11 +731,13 @@ class SinkUpsertMaterializer(KeyedOperator):
                 rp.value_at(entries, np.full(len(entries), len(rp.matched)))]
         listed = "; ".join(_describe(r, self.data_columns) for r in rows)
         more = f" ({len(bad) - 1} more key(s) in conflict)" if len(bad) > 1 else ""
+        key_list = ", ".join(f"{c}={_plain(rows[0][c])}" for c in self.key)
         raise PrimaryKeyConstraintViolation(
-            f"Primary key constraint violation (ON CONFLICT DO ERROR): sink key "
+            f"Primary key constraint violation (ON CONFLICT DO ERROR): multiple distinct records "
+            f"with the same primary key detected. Conflicting key: [{key_list}]: sink key "
             f"{self._key_text(rows[0])} has {len(entries)} distinct rows after folding the "
-            f"changes up to watermark {ctx.watermark_ms}: {listed}{more}. Use ON CONFLICT DO "
-            f"NOTHING to keep the first row, or DO DEDUPLICATE.")
+            f"changes released by watermark {ctx.watermark_ms}: {listed}{more}. Use ON CONFLICT "
+            f"DO NOTHING to keep the first record, or DO DEDUPLICATE.")
 
     # -- shared -------------------------------------------------------------
     def _prepare(self, prior: pd.DataFrame, ops: pd.DataFrame):
@@ -747,20 +763,6 @@ class SinkUpsertMaterializer(KeyedOperator):
             sk, kinds, seq = sk[full], kinds[perm], seq[perm]
         grp = _factorize(values, self._slot_cols, codes=sk) if self._slot_cols else sk
         return values, sk, grp, kinds, seq
-
-    def _event_time(self, df: pd.DataFrame) -> np.ndarray:
-        col = df[self.time_column]
-        if col.dtype == object and len(col) and isinstance(col.dropna().iloc[0] if col.notna().any()
-                                                            else None, pd.Timestamp):
-            # timestamps mixed with nulls in an object column (state with cleared markers)
-            col = pd.to_datetime(col, utc=True)
-        if pd.api.types.is_datetime64_any_dtype(col.dtype):
-            if isinstance(col.dtype, pd.DatetimeTZDtype):
-                col = col.dt.tz_convert("UTC").dt.tz_localize(None)
-            ms = col.astype("datetime64[ms]").to_numpy().astype(np.int64)
-            return np.where(col.isna().to_numpy(), np.iinfo(np.int64).min, ms)
-        # a row without event time cannot wait for the watermark: due at once
-        return col.astype("float64").fillna(-np.inf).to_numpy()
 
     def _alive_by_ttl(self, state: pd.DataFrame, ctx: OpContext) -> np.ndarray:
         access = state[self.view.ACCESS].to_numpy(dtype=np.int64)

@@ -33,7 +33,7 @@ def process_key_group(operator: KeyedOperator, stack: Optional[RunStack], rows: 
         state_in = operator.empty_state()
     new_state, out = operator.process(state_in, rows, ctx)
     if operator.uses_watermark:
-        ctx.next_timer_ms = next_timer_ms(operator, new_state)
+        ctx.next_timer_ms = next_timer_ms(operator, new_state, ctx.watermark_ms)
     if stack is not None:
         stack.push(stack.new_run(touched, new_state), retain=lambda df: operator.retain(df, ctx))
     return out
@@ -56,10 +56,13 @@ def fire_watermark(operator: KeyedOperator, stack: RunStack, ctx: OpContext) -> 
     return out
 
 
-def next_timer_ms(operator: KeyedOperator, state: Optional[pd.DataFrame]) -> Optional[int]:
+def next_timer_ms(operator: KeyedOperator, state: Optional[pd.DataFrame],
+                  watermark_ms: Optional[int] = None) -> Optional[int]:
     """When the earliest row of ``state`` waiting for the watermark becomes due
     (``None``: nothing waits).  ``state``: all live rows of a key group, or
-    those of the keys a batch touched."""
+    those of the keys a batch touched.  Never at or below ``watermark_ms``
+    (nor 0, Spark's "no watermark yet"): a timer must fire at a later
+    watermark, not again in the batch that set it."""
     if state is None or state.empty:
         return None
     times = operator.pending_times(state)
@@ -68,7 +71,7 @@ def next_timer_ms(operator: KeyedOperator, state: Optional[pd.DataFrame]) -> Opt
     first = float(np.min(times))
     if math.isinf(first) and first > 0:
         return None
-    return int(max(first, -2 ** 62))
+    return int(max(first, (watermark_ms or 0) + 1))
 
 
 def pending_rows(operator: KeyedOperator, stack: RunStack) -> pd.DataFrame:

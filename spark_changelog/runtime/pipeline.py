@@ -103,6 +103,9 @@ class RunReport:
 
 def _iso_ms(ms: int) -> str:
     import datetime
+    from ..model.watermark import END_OF_INPUT_MS
+    if ms >= END_OF_INPUT_MS:
+        return "end of input"
     return datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc).isoformat(
         timespec="milliseconds")
 

@@ -224,7 +224,7 @@ class KeyGroupProcessor(StatefulProcessor):
         ctx = self._context(timerValues, next_seq)
         out = fire_watermark(op, stack, ctx)
         written = self._save(stack, run_ids, ctx.next_seq)
-        self._set_timer(next_timer_ms(op, pending_rows(op, stack)), replace=True)
+        self._set_timer(next_timer_ms(op, pending_rows(op, stack), ctx.watermark_ms), replace=True)
         ctx.metrics.add("watermark_timers", 1)
         yield _with_metrics(out, op, ctx, {
             "state_rows": stack.size, "runs": len(stack.runs), "rows_written": written,
@@ -258,11 +258,18 @@ def apply_keyed(df, operator: KeyedOperator, *, key_groups: int = DEFAULT_KEY_GR
 
     def run_group(pdf: pd.DataFrame) -> pd.DataFrame:
         pdf = utc_timestamps(pdf.drop(columns=[KEY_GROUP_COL], errors="ignore"), time_zone)
-        # a bounded input is complete: the end-of-input watermark passes everything
-        ctx = OpContext(processing_time_ms=now,
-                        watermark_ms=END_OF_INPUT_MS if operator.uses_watermark else None)
-        out = process_key_group(operator, None, pdf, ctx)
-        return _with_metrics(out, operator, ctx, {"state_rows": 0})
+        ctx = OpContext(processing_time_ms=now)
+        if not operator.uses_watermark:
+            out = process_key_group(operator, None, pdf, ctx)
+            return _with_metrics(out, operator, ctx, {"state_rows": 0})
+        # a bounded input: every row arrives (before any watermark), then the
+        # end-of-input watermark releases everything that waits (Flink's batch mode)
+        stack = RunStack(operator.key)
+        out = process_key_group(operator, stack, pdf, ctx)
+        ctx.watermark_ms = END_OF_INPUT_MS
+        out = concat_rows([out, fire_watermark(operator, stack, ctx)])
+        return _with_metrics(out, operator, ctx, {"state_rows": 0,
+                                                  "watermark_ms": END_OF_INPUT_MS})
 
     return grouped.applyInPandas(run_group, schema=out_schema)
 

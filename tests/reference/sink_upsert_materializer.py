@@ -84,43 +84,43 @@ class ReferenceSinkUpsertMaterializer:
 
 
 class ReferenceWatermarkMaterializer:
-    """``ON CONFLICT DO ERROR`` / ``DO NOTHING``: buffer per key until the
-    watermark passes a change's time, fold (adds replace by upsert key, retracts
-    remove the first match) starting from the current value, then emit."""
+    """``ON CONFLICT DO ERROR`` / ``DO NOTHING``: buffer each change with the
+    watermark it arrived under (its stamp); when the watermark is above the
+    stamp (Flink 2.3: the next watermark advance), fold the key's due changes
+    (adds replace by upsert key, retracts remove the first match) starting
+    from the current value, then emit."""
 
     def __init__(self, columns: Sequence[str], sink_key: Sequence[str],
-                 upsert_key: Optional[Sequence[str]], conflict: str, time_column: str):
+                 upsert_key: Optional[Sequence[str]], conflict: str):
         self.list_rule = ReferenceSinkUpsertMaterializer(columns, sink_key, upsert_key)
         self.conflict = conflict
-        self.time_pos = list(columns).index(time_column)
         self.current: dict[tuple, tuple] = {}
-        self.buffer: dict[tuple, list[tuple[int, str, tuple]]] = {}
+        self.buffer: dict[tuple, list[tuple[int, str, tuple, int]]] = {}
 
-    def add(self, kind: str, row: tuple, seq: int) -> None:
-        self.buffer.setdefault(self.list_rule.key_of(row), []).append((seq, kind, tuple(row)))
+    def add(self, kind: str, row: tuple, seq: int, stamp: int) -> None:
+        self.buffer.setdefault(self.list_rule.key_of(row), []).append(
+            (seq, kind, tuple(row), stamp))
 
     def advance(self, watermark: int) -> list[tuple[str, tuple]]:
         out = []
         for key in sorted(self.buffer):
             pending = self.buffer[key]
-            due = sorted((c for c in pending if c[2][self.time_pos] <= watermark),
+            due = sorted((c for c in pending if c[3] < watermark),
                          key=lambda c: (c[0], c[1] in ADD_KINDS))
             if not due:
                 continue
-            self.buffer[key] = [c for c in pending if c[2][self.time_pos] > watermark]
+            self.buffer[key] = [c for c in pending if c[3] >= watermark]
             previous = self.current.get(key)
             rule = self.list_rule
             rule.state = {key: [previous]} if previous is not None else {}
-            for _, kind, row in due:
+            for _, kind, row, _ in due:
                 rule.apply(kind, row)
             folded = rule.state.get(key, [])
             if len(folded) > 1:
                 if self.conflict == "error":
                     raise AssertionError(f"primary key constraint violation for {key}: {folded}")
-                if previous is None:
-                    out.append(("+I", folded[0]))
-                    self.current[key] = folded[0]
-            elif not folded:
+                folded = folded[:1]          # DO NOTHING: the first row of the folded list
+            if not folded:
                 if previous is not None:
                     out.append(("-D", previous))
                     del self.current[key]
