@@ -1,6 +1,7 @@
 """Benchmark: streaming SinkUpsertMaterializer into the Delta sink, vs normalize() on the same input.
 
     scripts/bench materializer [--rows 1000000] [--keys 100000] [--disorder 0.3] [--batch 100000]
+                               [--conflict deduplicate|nothing]
 
 Input: what a join feeding an upsert sink looks like after Spark's shuffles.
 Each of ``--keys`` sink keys (``id``) gets a chain of versions ``(id, ver,
@@ -23,6 +24,12 @@ Two streaming pipelines (trigger available-now, checkpointed) into Delta tables:
   keep-last rate for comparison; it does not repair the disorder: a late ``-U``
   deletes its key, so its table is not checked).
 
+``--conflict nothing``: the materializer runs as ``ON CONFLICT DO NOTHING``
+over a watermark on the arrival time ``t`` (ms, bound 0): every micro-batch
+is folded in the next one (a timer per key group); its table is not checked
+(keeping the first row is what DO NOTHING means when a ``+U`` arrives a
+watermark before its ``-U``).
+
 Per-batch times are the wall time between the pipeline's progress callbacks
 (the sink commit included); rows/s counts input changes.  State rows: the
 operator's metric rows (largest per-batch sum over the key groups).
@@ -41,8 +48,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 SCHEMA = pa.schema([("id", pa.int64()), ("ver", pa.int64()), ("payload", pa.string()),
-                    ("_kind", pa.int8()), ("_seq", pa.int64())])
-DDL = "id BIGINT, ver BIGINT, payload STRING, _kind TINYINT, _seq BIGINT"
+                    ("t", pa.int64()), ("_kind", pa.int8()), ("_seq", pa.int64())])
+DDL = "id BIGINT, ver BIGINT, payload STRING, t BIGINT, _kind TINYINT, _seq BIGINT"
 
 
 def generate(directory: str, rows: int, keys: int, disorder: float, batch: int, seed: int = 1):
@@ -76,8 +83,9 @@ def generate(directory: str, rows: int, keys: int, disorder: float, batch: int, 
     files = 0
     for s in range(0, n, batch):
         idx = order[s:s + batch]
-        tb = pa.table([key[idx], ver[idx], pa.array(payload[idx], pa.string()), kind[idx],
-                       np.arange(s, s + len(idx), dtype=np.int64)], schema=SCHEMA)
+        pos = np.arange(s, s + len(idx), dtype=np.int64)      # arrival position = time (ms)
+        tb = pa.table([key[idx], ver[idx], pa.array(payload[idx], pa.string()), pos, kind[idx],
+                       pos], schema=SCHEMA)
         pq.write_table(tb, os.path.join(directory, f"part-{files:05d}.parquet"))
         files += 1
     expected = dict(zip(range(keys), updates.tolist()))
@@ -114,6 +122,7 @@ def main(argv=None) -> None:
     ap.add_argument("--partitions", type=int, default=4, help="spark.sql.shuffle.partitions")
     ap.add_argument("--driver-memory", default="8g")
     ap.add_argument("--work", default=None, help="scratch directory (default: a temp dir)")
+    ap.add_argument("--conflict", choices=["deduplicate", "nothing"], default="deduplicate")
     args = ap.parse_args(argv)
     from spark_changelog.api import ChangelogStream
     from spark_changelog.runtime.session import build_session
@@ -134,15 +143,24 @@ def main(argv=None) -> None:
         return ChangelogStream.from_dataframe(df, primary_key=pk, name="joined")
 
     table = os.path.join(work, "t_materialized")
-    rep, secs = timed(lambda cb: source(None).write_upsert(
-        table, key="id", materialize="force", checkpoint=os.path.join(work, "ck1"), progress=cb,
-        key_groups=args.key_groups))
-    r_mat = line(f"materializer (ours, G={args.key_groups})", rep, secs, n, args.batch)
+    mat_in = source(None)
+    if args.conflict != "deduplicate":
+        mat_in = mat_in.with_column("rt", "timestamp_millis(t)").with_watermark("rt", 0)
+    rep, secs = timed(lambda cb: mat_in.write_upsert(
+        table, key="id", materialize="force", conflict=args.conflict,
+        checkpoint=os.path.join(work, "ck1"), progress=cb, key_groups=args.key_groups))
+    r_mat = line(f"materializer {args.conflict} (ours, G={args.key_groups})", rep, secs, n,
+                 args.batch)
     got = read_table(table)
-    ok = len(got) == len(expected) and dict(zip(got["id"].astype(int), got["ver"].astype(int))) == expected
-    print(f"    check: final table {len(got):,} rows, expected {len(expected):,}: "
-          f"{'identical' if ok else 'DIFFERENT'}; retractions without a match: "
-          f"{rep.counters.get('retract_no_match', 0)}")
+    if args.conflict == "deduplicate":
+        ok = len(got) == len(expected) and \
+            dict(zip(got["id"].astype(int), got["ver"].astype(int))) == expected
+        print(f"    check: final table {len(got):,} rows, expected {len(expected):,}: "
+              f"{'identical' if ok else 'DIFFERENT'}; retractions without a match: "
+              f"{rep.counters.get('retract_no_match', 0)}")
+    else:
+        print(f"    final table {len(got):,} rows; watermark timers fired "
+              f"{rep.counters.get('watermark_timers', 0)}")
 
     rep2, secs2 = timed(lambda cb: source(["id"]).normalize(key_groups=args.key_groups).write_upsert(
         os.path.join(work, "t_normalized"), checkpoint=os.path.join(work, "ck2"), progress=cb))
