@@ -25,7 +25,7 @@ Two streaming pipelines (trigger available-now, checkpointed) into Delta tables:
   deletes its key, so its table is not checked).
 
 ``--conflict nothing``: the materializer runs as ``ON CONFLICT DO NOTHING``
-over a watermark on the arrival time ``t`` (ms, bound 0): every micro-batch
+over a watermark on the event time ``t`` (ms, bound 0): every micro-batch
 is folded in the next one (a timer per key group); its table is not checked
 (keeping the first row is what DO NOTHING means when a ``+U`` arrives a
 watermark before its ``-U``).
@@ -80,12 +80,17 @@ def generate(directory: str, rows: int, keys: int, disorder: float, batch: int, 
     arrival_t[start[key] + order_j] = t                                 # row at order_j gets the j-th time
     order = np.argsort(arrival_t, kind="stable")
     payload = np.char.add("p", ((key * 7919 + ver) % 1_000_003).astype(str)).astype(object)
+    # event time t (ms) of a version = arrival position of the change creating it;
+    # a retraction carries the retracted version's t (it is that row's image)
+    arrival_pos = np.empty(n, dtype=np.int64)
+    arrival_pos[order] = np.arange(n, dtype=np.int64)
+    creator = np.where(kind == 1, np.arange(n) - 1, np.arange(n))    # -U v sits right after +U v
+    event_t = arrival_pos[creator]
     files = 0
     for s in range(0, n, batch):
         idx = order[s:s + batch]
-        pos = np.arange(s, s + len(idx), dtype=np.int64)      # arrival position = time (ms)
-        tb = pa.table([key[idx], ver[idx], pa.array(payload[idx], pa.string()), pos, kind[idx],
-                       pos], schema=SCHEMA)
+        tb = pa.table([key[idx], ver[idx], pa.array(payload[idx], pa.string()), event_t[idx],
+                       kind[idx], np.arange(s, s + len(idx), dtype=np.int64)], schema=SCHEMA)
         pq.write_table(tb, os.path.join(directory, f"part-{files:05d}.parquet"))
         files += 1
     expected = dict(zip(range(keys), updates.tolist()))

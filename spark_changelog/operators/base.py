@@ -22,9 +22,11 @@ the same ``process`` and never re-implements a rule.
 Operators that wait for event time (``uses_watermark``) also get the
 watermark in ``ctx.watermark_ms`` and implement :meth:`KeyedOperator.due`,
 :meth:`KeyedOperator.pending_times` and :meth:`KeyedOperator.on_watermark`:
-``process`` acts on the due rows of the keys it is given, and the runtime's
-watermark timer (:func:`~spark_changelog.runtime.keygroup.fire_watermark`)
-hands ``on_watermark`` the keys with due rows that got no input.
+``process`` acts on the due rows of every key in its ``state`` (the runtime
+may add keys with due state and no rows, and then needs their new state
+back too), and the runtime's watermark timer
+(:func:`~spark_changelog.runtime.keygroup.fire_watermark`) hands
+``on_watermark`` the keys with due rows of groups that got no input.
 
 Counters (superseded changes, unmatched retractions, expired state, ...) go to
 ``ctx.metrics``; the runtime sums them over key groups and micro-batches.
@@ -78,9 +80,6 @@ class OpContext:
     watermark_ms: Optional[int] = None
     metrics: Metrics = dataclasses.field(default_factory=Metrics)
     next_seq: int = 0
-    #: set by the runtime after ``process`` for operators that wait for event
-    #: time: the earliest time a touched key's state waits for (its timer)
-    next_timer_ms: Optional[int] = None
 
     def allocate_seq(self, n: int) -> np.ndarray:
         """``n`` consecutive output sequence numbers, in emission order."""

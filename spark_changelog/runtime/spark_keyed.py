@@ -181,9 +181,9 @@ class KeyGroupProcessor(StatefulProcessor):
 
     def _set_timer(self, at: Optional[int], *, replace: bool) -> None:
         """Keep one timer at the earliest pending time.  ``replace``: ``at`` is
-        the exact earliest time of the whole group (after a timer fired);
-        otherwise only an earlier time moves the timer (a later one already
-        registered fires, finds nothing due and moves on)."""
+        the exact earliest time of the whole group; otherwise only an earlier
+        time moves the timer (a later one already registered fires, finds
+        nothing due and moves on)."""
         current = int(self.timer.get()[0]) if self.timer.exists() else None
         if at is None:
             if replace and current is not None:
@@ -209,7 +209,10 @@ class KeyGroupProcessor(StatefulProcessor):
         out = process_key_group(op, stack, pdf, ctx)
         written = self._save(stack, run_ids, ctx.next_seq)
         if self.timer is not None:
-            self._set_timer(ctx.next_timer_ms, replace=False)
+            # process_key_group folded every due key of the group: the timer goes
+            # to the group's next pending time (a timer already due is dropped)
+            self._set_timer(next_timer_ms(op, pending_rows(op, stack), ctx.watermark_ms),
+                            replace=True)
         yield _with_metrics(out, op, ctx, {
             "state_rows": stack.size, "runs": len(stack.runs), "rows_written": written,
             "cache_misses": misses, "seconds": time.perf_counter() - t0,
