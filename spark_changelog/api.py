@@ -92,7 +92,8 @@ class ChangelogStream:
     def apply(self, operator: KeyedOperator, schema: StreamSchema, *,
               key_groups: int = DEFAULT_KEY_GROUPS, plan: Optional[Node] = None
               ) -> "ChangelogStream":
-        out = apply_keyed(self._data_df(), operator, key_groups=key_groups)
+        # metric rows of upstream operators travel along (runtime.spark_keyed)
+        out = apply_keyed(self.df, operator, key_groups=key_groups)
         return ChangelogStream(out, schema, self.source, self.steps + (operator.name,), plan)
 
     def normalize(self, key: Union[str, Sequence[str], None] = None, *,

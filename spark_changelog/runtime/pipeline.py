@@ -48,7 +48,8 @@ class RunReport:
     tombstones_skipped: int = 0
     ignored_skipped: int = 0
     seconds: float = 0.0
-    counters: dict = dataclasses.field(default_factory=dict)
+    counters: dict = dataclasses.field(default_factory=dict)          # summed over operators
+    operators: dict = dataclasses.field(default_factory=dict)         # operator -> its counters
     warnings: list = dataclasses.field(default_factory=list)
     state_rows: int = 0
     watermark_ms: Optional[int] = None   # the latest event-time watermark an operator saw
@@ -61,8 +62,10 @@ class RunReport:
     def add_metrics(self, metrics: list[dict]) -> None:
         state_rows = 0
         for m in metrics:
+            per_op = self.operators.setdefault(m.get("operator", "?"), {})
             for k, v in m.get("counters", {}).items():
                 self.counters[k] = self.counters.get(k, 0) + int(v)
+                per_op[k] = per_op.get(k, 0) + int(v)
             self.warnings.extend(m.get("warnings", []))
             state_rows += int(m.get("state_rows", 0))
             wm = m.get("watermark_ms")

@@ -75,9 +75,36 @@ def _with_metrics(out: pd.DataFrame, operator: KeyedOperator, ctx: OpContext, ex
     return concat_rows([out, metrics])
 
 
+#: the key group of an upstream operator's metric rows: passed through, no state
+METRICS_GROUP = -1
+
+
 def add_key_group(df, key, key_groups: int):
     from pyspark.sql import functions as F
-    return df.withColumn(KEY_GROUP_COL, F.pmod(F.hash(*[F.col(k) for k in key]), F.lit(key_groups)))
+    group = F.pmod(F.hash(*[F.col(k) for k in key]), F.lit(key_groups))
+    if METRICS_COL in df.columns:
+        group = F.when(F.col(KIND_COL) == F.lit(METRICS_KIND), F.lit(METRICS_GROUP)).otherwise(group)
+    return df.withColumn(KEY_GROUP_COL, group)
+
+
+def split_upstream_metrics(pdf: pd.DataFrame, operator: KeyedOperator
+                           ) -> tuple[pd.DataFrame, Optional[pd.DataFrame]]:
+    """An upstream operator's metric rows travel through this operator (in key
+    group :data:`METRICS_GROUP`), re-shaped to its output schema, so a
+    pipeline's report has every operator's counters.  Returns (data rows
+    without the metrics column, pass-through rows or None)."""
+    if METRICS_COL not in pdf.columns:
+        return pdf, None
+    is_metric = pdf[KIND_COL].to_numpy(dtype=np.int64) == METRICS_KIND
+    passed = None
+    if is_metric.any():
+        payloads = pdf.loc[is_metric, METRICS_COL].tolist()
+        row = {f.name: [None] * len(payloads) for f in operator.output_schema}
+        row[KIND_COL] = [METRICS_KIND] * len(payloads)
+        row[METRICS_COL] = payloads
+        passed = pd.DataFrame(row)
+    data = pdf[~is_metric].drop(columns=[METRICS_COL]).reset_index(drop=True)
+    return data, passed
 
 
 def _input_frame(rows, columns, time_zone: Optional[str] = None) -> pd.DataFrame:
@@ -201,6 +228,9 @@ class KeyGroupProcessor(StatefulProcessor):
     def handleInputRows(self, key, rows, timerValues) -> Iterator[pd.DataFrame]:
         op = self.operator
         pdf = _input_frame(rows, self.columns, self.time_zone)
+        pdf, passed = split_upstream_metrics(pdf, op)
+        if passed is not None:
+            yield passed
         if pdf.empty:
             return
         t0 = time.perf_counter()
@@ -261,6 +291,9 @@ def apply_keyed(df, operator: KeyedOperator, *, key_groups: int = DEFAULT_KEY_GR
 
     def run_group(pdf: pd.DataFrame) -> pd.DataFrame:
         pdf = utc_timestamps(pdf.drop(columns=[KEY_GROUP_COL], errors="ignore"), time_zone)
+        pdf, passed = split_upstream_metrics(pdf, operator)
+        if passed is not None and pdf.empty:
+            return passed
         ctx = OpContext(processing_time_ms=now)
         if not operator.uses_watermark:
             out = process_key_group(operator, None, pdf, ctx)
