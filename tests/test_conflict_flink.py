@@ -38,8 +38,6 @@ import pyarrow as pa
 import pytest
 
 from changelog_data import schema_of, to_frame, to_rows
-from spark_changelog.operators.base import OpContext
-from spark_changelog.operators.keys import distinct_keys, rows_with_keys
 from spark_changelog.operators.sink_upsert_materializer import (PrimaryKeyConstraintViolation,
                                                                 SinkUpsertMaterializer)
 from spark_changelog.plan import PlanError, Sink, Source, materialize
@@ -136,23 +134,8 @@ def make_operator(tr: dict) -> SinkUpsertMaterializer:
 
 
 def flush(runner: LocalRunner, watermark_ms: int, processing_time_ms: int = 0):
-    """What a runtime's watermark timer does: fold the due buffered changes of keys
-    that got no rows in the batch (``SinkUpsertMaterializer.on_watermark``)."""
-    if hasattr(runner, "advance_watermark"):
-        return runner.advance_watermark(watermark_ms, processing_time_ms)
-    op = runner.operator
-    ctx = OpContext(processing_time_ms=processing_time_ms, watermark_ms=watermark_ms,
-                    next_seq=runner.next_seq)
-    due = op.due(runner.state, ctx)
-    if not due.any():
-        return op.empty_output()
-    import pandas as pd
-    mask = rows_with_keys(runner.state, op.key, distinct_keys(runner.state[due], op.key))
-    new_state, out = op.on_watermark(runner.state[mask].reset_index(drop=True), ctx)
-    runner.state = pd.concat([runner.state[~mask], new_state], ignore_index=True)
-    runner.next_seq = ctx.next_seq
-    runner.metrics.merge(ctx.metrics)
-    return out
+    """What a runtime's watermark timer does (``LocalRunner.advance_watermark``)."""
+    return runner.advance_watermark(watermark_ms, processing_time_ms)
 
 
 # --------------------------------------------------------------------------- replay

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from changelog_data import to_frame, to_rows
+from changelog_data import to_frame
 from spark_changelog.api import ChangelogStream
 from spark_changelog.model import KIND_COL, SEQ_COL
 from spark_changelog.sinks.delta import read_table

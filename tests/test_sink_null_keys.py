@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import os
 
-import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest

@@ -1,7 +1,6 @@
 """The key group's run stack (runtime.state_runs) behaves like one flat state."""
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 import pyarrow as pa
 from hypothesis import given, settings, strategies as st

@@ -10,7 +10,6 @@ from __future__ import annotations
 import time
 from typing import Iterable, Optional
 
-import numpy as np
 import pandas as pd
 
 from ..model import SEQ_COL

@@ -356,7 +356,7 @@ class InputSideHasNoUniqueKey(StateView):
     name = INPUT_SIDE_HAS_NO_UNIQUE_KEY
 
     def build(self, b: SideBatch) -> Units:
-        ns, ne = len(b.st_key), len(b.ev_pos)
+        ne = len(b.ev_pos)
         zeros = lambda k: np.zeros(k, _I64)      # noqa: E731
         # entities (distinct rows): state rows of keys with events and events go
         # through the walk; the other state rows are passive
