@@ -206,21 +206,18 @@ class KeyGroupProcessor(StatefulProcessor):
         return OpContext(processing_time_ms=int(timerValues.getCurrentProcessingTimeInMs()),
                          watermark_ms=watermark, next_seq=next_seq)
 
-    def _set_timer(self, at: Optional[int], *, replace: bool) -> None:
-        """Keep one timer at the earliest pending time.  ``replace``: ``at`` is
-        the exact earliest time of the whole group; otherwise only an earlier
-        time moves the timer (a later one already registered fires, finds
-        nothing due and moves on)."""
+    def _set_timer(self, at: Optional[int]) -> None:
+        """Keep one timer, at ``at``: the group's exact next pending time
+        (``None``: nothing waits).  A timer already due is replaced, so it does
+        not fire after the call that folded what it waited for."""
         current = int(self.timer.get()[0]) if self.timer.exists() else None
-        if at is None:
-            if replace and current is not None:
-                self.handle.deleteTimer(current)
-                self.timer.clear()
+        if current == at:
             return
         if current is not None:
-            if current == at or (not replace and current < at):
-                return
             self.handle.deleteTimer(current)
+        if at is None:
+            self.timer.clear()
+            return
         self.handle.registerTimer(int(at))
         self.timer.update((int(at),))
 
@@ -241,8 +238,7 @@ class KeyGroupProcessor(StatefulProcessor):
         if self.timer is not None:
             # process_key_group folded every due key of the group: the timer goes
             # to the group's next pending time (a timer already due is dropped)
-            self._set_timer(next_timer_ms(op, pending_rows(op, stack), ctx.watermark_ms),
-                            replace=True)
+            self._set_timer(next_timer_ms(op, pending_rows(op, stack), ctx.watermark_ms))
         yield _with_metrics(out, op, ctx, {
             "state_rows": stack.size, "runs": len(stack.runs), "rows_written": written,
             "cache_misses": misses, "seconds": time.perf_counter() - t0,
@@ -257,7 +253,7 @@ class KeyGroupProcessor(StatefulProcessor):
         ctx = self._context(timerValues, next_seq)
         out = fire_watermark(op, stack, ctx)
         written = self._save(stack, run_ids, ctx.next_seq)
-        self._set_timer(next_timer_ms(op, pending_rows(op, stack), ctx.watermark_ms), replace=True)
+        self._set_timer(next_timer_ms(op, pending_rows(op, stack), ctx.watermark_ms))
         ctx.metrics.add("watermark_timers", 1)
         yield _with_metrics(out, op, ctx, {
             "state_rows": stack.size, "runs": len(stack.runs), "rows_written": written,
