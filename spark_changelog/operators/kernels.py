@@ -7,6 +7,7 @@ at once with numpy, so no operator loops over keys or rows in Python
 """
 from __future__ import annotations
 
+import warnings
 from typing import Optional, Sequence
 
 import numpy as np
@@ -114,3 +115,50 @@ def key_codes(df: pd.DataFrame, key: Sequence[str]) -> tuple[np.ndarray, int]:
     codes = factorize_rows(df, key)
     codes = pd.factorize(codes)[0].astype(np.int64)
     return codes, int(codes.max()) + 1
+
+
+def grouped_cummax(x: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """Cumulative max restarting at every ``first``."""
+    if not len(x):
+        return x.copy()
+    return -grouped_cummin(-x, first)
+
+
+def rows_equal(a: pd.DataFrame, b: pd.DataFrame, columns: Sequence[str]) -> np.ndarray:
+    """Row-wise equality of aligned frames, nulls equal to nulls."""
+    eq = np.ones(len(a), dtype=bool)
+    for c in columns:
+        x = a[c].to_numpy()
+        y = b[c].to_numpy()
+        both_null = pd.isna(x) & pd.isna(y)
+        with np.errstate(invalid="ignore"):
+            same = np.asarray(x == y, dtype=bool)
+        eq &= same | both_null
+    return eq
+
+
+def event_time_ms(col: pd.Series) -> np.ndarray:
+    """Event times as int64 epoch milliseconds: integer columns are taken as
+    milliseconds, timestamps are converted.  Nulls are an error (an event
+    time is needed to place the row)."""
+    if col.isna().any():
+        raise ValueError(f"event time column {col.name!r} has {int(col.isna().sum())} null "
+                         "value(s); every row needs an event time")
+    if pd.api.types.is_datetime64_any_dtype(col.dtype):
+        if getattr(col.dt, "tz", None) is not None:
+            col = col.dt.tz_convert("UTC").dt.tz_localize(None)
+        return col.astype("datetime64[ms]").to_numpy().view(np.int64)
+    return col.to_numpy(dtype=np.int64)
+
+
+def concat_frames(frames) -> pd.DataFrame:
+    """``pd.concat`` of the non-empty frames (the first frame if all are
+    empty).  All-null columns are expected (tombstones, cleared values), so
+    pandas' warning about them changing dtypes is silenced."""
+    frames = list(frames)
+    nonempty = [f for f in frames if len(f)]
+    if len(nonempty) <= 1:
+        return (nonempty or frames[:1])[0].reset_index(drop=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        return pd.concat(nonempty, ignore_index=True)
