@@ -155,27 +155,27 @@ def _query_id(checkpoint: str) -> str:
         return json.loads(f.readline())["id"]
 
 
-def _data_schema(stream) -> pa.Schema:
-    from ..api import arrow_schema_of
-    full = arrow_schema_of(stream._data_df())
-    return pa.schema([f for f in full if f.name not in (KIND_COL, SEQ_COL)])
-
-
-def run_to_sink(stream, table, *, checkpoint: Optional[str] = None,
+def run_to_sink(df, table, *, key, schema: pa.Schema, readers=(), checkpoint: Optional[str] = None,
                 changelog_path: Optional[str] = None, changelog_format: str = "parquet",
-                dead_letter: Optional[str] = None, strict: bool = False, key=None,
+                dead_letter: Optional[str] = None, strict: bool = False,
                 progress: Optional[Callable[[RunReport], None]] = None) -> RunReport:
-    from ..sinks.base import split_null_keys
+    """Run the changelog ``df`` (the lowered plan) into ``table`` keyed by ``key``.
+
+    ``schema``: the data columns (Arrow) the sinks store; ``readers``: the
+    readers of every source leaf of the plan, whose bad input and skipped
+    records go to ``dead_letter`` and the report.
+    """
     from ..sinks.changelog import ChangelogSink
     from ..sinks.delta import DeltaUpsertSink
 
-    key = as_key(key) or stream.schema.primary_key
+    key = as_key(key)
     if not key:
         raise ValueError("an upsert table needs a primary key: pass key=[...]")
-    schema = _data_schema(stream)
+    schema = pa.schema([f for f in schema if f.name not in (KIND_COL, SEQ_COL, METRICS_COL)])
+    streaming = bool(df.isStreaming)
     sink = DeltaUpsertSink(os.fspath(table), key, schema) if isinstance(table, (str, os.PathLike)) else table
     log = ChangelogSink(changelog_path, changelog_format, key=key, schema=schema) if changelog_path else None
-    report = RunReport(streaming=stream.is_streaming,
+    report = RunReport(streaming=streaming,
                        table=os.fspath(table) if isinstance(table, (str, os.PathLike)) else None,
                        changelog=changelog_path, dead_letter=dead_letter)
     t0 = time.perf_counter()
@@ -183,6 +183,7 @@ def run_to_sink(stream, table, *, checkpoint: Optional[str] = None,
     table_name = os.fspath(table) if isinstance(table, (str, os.PathLike)) else type(table).__name__
 
     def handle(batch: pa.Table, batch_id: int, query_id: str) -> None:
+        from ..sinks.base import split_null_keys
         data, metrics = split_metrics(batch)
         report.add_metrics(metrics)
         # a change whose sink key is null cannot be applied: dead letter (or stop),
@@ -211,7 +212,7 @@ def run_to_sink(stream, table, *, checkpoint: Optional[str] = None,
         if progress:
             progress(report)
 
-    def handle_bad(invalid: pd.DataFrame, skipped: pd.DataFrame, batch_id) -> None:
+    def handle_bad(invalid: pd.DataFrame, skipped: pd.DataFrame, batch_id, prefix: str = "") -> None:
         if strict and len(invalid):
             from ..connectors.cdc_json import raise_if_invalid
             raise_if_invalid(invalid)
@@ -221,19 +222,19 @@ def run_to_sink(stream, table, *, checkpoint: Optional[str] = None,
                     f"{len(invalid)} invalid input row(s) and no dead-letter directory: first: "
                     f"{invalid.iloc[0].to_dict()}")
             from ..connectors.dead_letter import write_dead_letter
-            write_dead_letter(invalid, dead_letter, batch_id=batch_id)
+            write_dead_letter(invalid, dead_letter, batch_id=batch_id, prefix=prefix)
         report.invalid += len(invalid)
         if len(skipped):
             cats = skipped["category"].value_counts()
             report.tombstones_skipped += int(cats.get("tombstone", 0))
             report.ignored_skipped += int(cats.get("ignored", 0))
 
-    source = stream.source
-    if not stream.is_streaming:
-        if source is not None:
-            handle_bad(source.invalid.toPandas(), source.skipped.toPandas(), None)
+    if not streaming:
+        for i, source in enumerate(readers):
+            handle_bad(source.invalid.toPandas(), source.skipped.toPandas(), None,
+                       f"source{i}-" if i else "")
         with operator_errors():
-            output = stream.df.toArrow()
+            output = df.toArrow()
         handle(output, 0, f"batch-{uuid.uuid4().hex}")
         report.seconds = time.perf_counter() - t0
         return report
@@ -242,20 +243,8 @@ def run_to_sink(stream, table, *, checkpoint: Optional[str] = None,
         raise ValueError("a streaming run needs a checkpoint directory (checkpoint=...)")
     main_ck = os.path.join(checkpoint, "main")
     queries = []
-    if source is not None:
-        from pyspark.sql import functions as F
-        bad = (source.invalid.select("raw", "file", "line", "reason",
-                                     F.lit(None).cast("string").alias("category"))
-               .unionByName(source.skipped.select("raw", "file", "line", "reason", "category")))
-
-        def bad_batch(bdf, batch_id):
-            pdf = bdf.toPandas()
-            is_skip = pdf["category"].notna().to_numpy()
-            handle_bad(pdf[~is_skip].drop(columns="category"), pdf[is_skip], batch_id)
-
-        queries.append(bad.writeStream.foreachBatch(bad_batch)
-                       .option("checkpointLocation", os.path.join(checkpoint, "bad_input"))
-                       .trigger(availableNow=True).start())
+    for i, source in enumerate(readers):
+        queries.append(_bad_input_query(source, handle_bad, checkpoint, i))
         # strict: a bad line stops the run before the table sees its batch
         if strict:
             queries[-1].awaitTermination()
@@ -263,7 +252,7 @@ def run_to_sink(stream, table, *, checkpoint: Optional[str] = None,
     def main_batch(bdf, batch_id):
         handle(bdf.toArrow(), int(batch_id), _query_id(main_ck))
 
-    queries.append(stream.df.writeStream.foreachBatch(main_batch)
+    queries.append(df.writeStream.foreachBatch(main_batch)
                    .option("checkpointLocation", main_ck)
                    .trigger(availableNow=True).start())
     try:
@@ -278,10 +267,32 @@ def run_to_sink(stream, table, *, checkpoint: Optional[str] = None,
     return report
 
 
-def collect_changes(stream) -> pd.DataFrame:
-    """Emitted changes of a bounded stream, ordered by ``_seq`` (then emission)."""
-    if stream.is_streaming:
+def _bad_input_query(source, handle_bad, checkpoint: str, index: int):
+    """A streaming query over one reader's invalid and skipped records, with
+    its own checkpoint (the first reader's keeps the name ``bad_input``);
+    dead-letter files of reader ``index > 0`` get the prefix ``source<index>-``."""
+    from pyspark.sql import functions as F
+    bad = (source.invalid.select("raw", "file", "line", "reason",
+                                 F.lit(None).cast("string").alias("category"))
+           .unionByName(source.skipped.select("raw", "file", "line", "reason", "category")))
+    prefix = f"source{index}-" if index else ""
+
+    def bad_batch(bdf, batch_id):
+        pdf = bdf.toPandas()
+        is_skip = pdf["category"].notna().to_numpy()
+        handle_bad(pdf[~is_skip].drop(columns="category"), pdf[is_skip], batch_id, prefix)
+
+    name = "bad_input" if index == 0 else f"bad_input_{index}"
+    return (bad.writeStream.foreachBatch(bad_batch)
+            .option("checkpointLocation", os.path.join(checkpoint, name))
+            .trigger(availableNow=True).start())
+
+
+def collect_changes(df) -> pd.DataFrame:
+    """Emitted changes of a bounded changelog DataFrame, ordered by ``_seq``
+    (then emission)."""
+    if df.isStreaming:
         raise ValueError("collect() needs a bounded stream; write a streaming one to a sink")
-    data, _ = split_metrics(stream.df.toArrow())
+    data, _ = split_metrics(df.toArrow())
     data["__pos"] = np.arange(len(data))
     return data.sort_values([SEQ_COL, "__pos"], kind="stable").drop(columns="__pos").reset_index(drop=True)

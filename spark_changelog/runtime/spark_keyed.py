@@ -46,6 +46,15 @@ METRICS_KIND = -1
 DEFAULT_KEY_GROUPS = 32
 
 
+def arrow_schema_of(df) -> pa.Schema:
+    """The Arrow schema operators see.  TIMESTAMP columns are UTC instants
+    (``timestamp[us, tz=UTC]``): the runtime hands operators tz-aware UTC
+    values whatever the session time zone, so state and event times never
+    depend on it (:func:`utc_timestamps`)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+    return to_arrow_schema(df.schema, timezone="UTC")
+
+
 def output_schema_with_metrics(operator: KeyedOperator) -> pa.Schema:
     return operator.output_schema.append(pa.field(METRICS_COL, pa.string()))
 
@@ -121,7 +130,7 @@ def _input_frame(rows, columns, time_zone: Optional[str] = None) -> pd.DataFrame
 def utc_timestamps(pdf: pd.DataFrame, time_zone: Optional[str]) -> pd.DataFrame:
     """Spark gives TIMESTAMP columns to pandas as naive wall-clock times of the
     session time zone; operators get them as tz-aware UTC instants (the type
-    of ``api.arrow_schema_of``), so event times and stored state do not depend
+    of :func:`arrow_schema_of`), so event times and stored state do not depend
     on the session's zone.  Spark converts tz-aware output back itself."""
     for c in pdf.columns:
         col = pdf[c]
