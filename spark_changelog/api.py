@@ -267,7 +267,8 @@ class ChangelogStream:
                                  f"{node.right_rename}")
         op = RegularJoin(layout, how, join_state_unique_key(left.node.traits, lk),
                          join_state_unique_key(right.node.traits, rk), condition, state_ttl_ms)
-        out = apply_keyed(layout.spark_union(left_df, right_df), op, key_groups=key_groups)
+        # the full inputs: their side rows (dead letters, counters) pass through the join
+        out = apply_keyed(layout.spark_union(left.df, right.df), op, key_groups=key_groups)
         t = node.traits
         # the event-time column of the output: the left one, else the right one
         # (renamed as in the output); the watermark is the query's, min over sources
@@ -407,7 +408,7 @@ def read_changes(spark, path, format: str = "debezium-json", schema=None, primar
     from .connectors.cdc_json import read_changes as _read
     res = _read(spark, path, format=format, schema=schema, primary_key=primary_key,
                 streaming=streaming, **kw)
-    return ChangelogStream(res.changes, res.stream_schema, res)
+    return ChangelogStream(res.rows, res.stream_schema, res)   # side rows included
 
 
 def read_debezium(spark, path, schema=None, primary_key=None, **kw) -> ChangelogStream:
