@@ -324,7 +324,7 @@ class ChangelogStream:
             _warnings.warn(w, PlanWarning, stacklevel=2)
         low = lower(sink)
         report = run_to_sink(low.df, table, key=sink.key, schema=arrow_schema_of(low.data_df),
-                             readers=low.readers, checkpoint=checkpoint,
+                             checkpoint=checkpoint,
                              changelog_path=changelog_path, changelog_format=changelog_format,
                              dead_letter=dead_letter, strict=strict, progress=progress)
         report.plan = explain_plan(sink)

@@ -111,7 +111,7 @@ def _keyed(inp: Lowered, df, op, key_groups: Optional[int]) -> Lowered:
 
 
 def _source(node: Source) -> Lowered:
-    df = node.reader.changes if node.reader is not None else node.dataframe
+    df = node.reader.rows if node.reader is not None else node.dataframe
     if df is None:
         raise PlanError(f"source {node.name!r} has neither a reader nor a DataFrame")
     return Lowered(df, (), (node.reader,) if node.reader is not None else ())

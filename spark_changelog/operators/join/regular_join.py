@@ -235,6 +235,11 @@ class JoinInputLayout:
         """The same union with Spark column expressions (``unionByName``)."""
         from pyspark.sql import functions as F
         from pyspark.sql.pandas.types import from_arrow_type
+        from ...runtime.spark_keyed import METRICS_COL
+
+        # side rows (_kind = -1: dead letters, operator counters) keep their
+        # payload; their data columns are NULL like a missing side's
+        side_rows = METRICS_COL in left_df.columns or METRICS_COL in right_df.columns
 
         def project(df, side):
             exprs = []
@@ -247,6 +252,9 @@ class JoinInputLayout:
                 else:
                     e = F.col(f"`{src}`")
                 exprs.append(e.cast(st).alias(tgt))
+            if side_rows:
+                payload = F.col(f"`{METRICS_COL}`") if METRICS_COL in df.columns else F.lit(None)
+                exprs.append(payload.cast("string").alias(METRICS_COL))
             return df.select(*exprs)
 
         return project(left_df, LEFT).unionByName(project(right_df, RIGHT))
