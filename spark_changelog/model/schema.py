@@ -27,6 +27,13 @@ KIND_COL = "_kind"
 SEQ_COL = "_seq"
 METADATA_COLUMNS = (KIND_COL, SEQ_COL)
 
+#: side rows: ``_kind = SIDE_KIND`` with a JSON payload in ``SIDE_COL``
+#: (operator counters, a reader's dead letters and skipped records); they pass
+#: through every operator, projection and join to the sink handler
+#: (``runtime.pipeline``), so every layer may need to recognise them
+SIDE_COL = "_metrics"
+SIDE_KIND = -1
+
 
 class ChangelogMode(enum.Enum):
     """Which kinds a stream may contain (spec section 1)."""

@@ -235,7 +235,7 @@ class JoinInputLayout:
         """The same union with Spark column expressions (``unionByName``)."""
         from pyspark.sql import functions as F
         from pyspark.sql.pandas.types import from_arrow_type
-        from ...runtime.spark_keyed import METRICS_COL
+        from ...model.schema import SIDE_COL as METRICS_COL
 
         # side rows (_kind = -1: dead letters, operator counters) keep their
         # payload; their data columns are NULL like a missing side's
