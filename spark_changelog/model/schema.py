@@ -26,6 +26,11 @@ from .watermark import WatermarkStrategy
 KIND_COL = "_kind"
 SEQ_COL = "_seq"
 METADATA_COLUMNS = (KIND_COL, SEQ_COL)
+#: side rows: ``_kind = -1`` with a JSON payload in ``_metrics`` (operator
+#: metrics, a reader's dead letters and skipped records); they pass through
+#: every operator to the sink handler (docs/plan.md, "Lowering")
+METRICS_COL = "_metrics"
+METRICS_KIND = -1
 
 
 class ChangelogMode(enum.Enum):

@@ -2,8 +2,8 @@
 
 The API's ``write_upsert`` and the SQL front end's ``INSERT INTO`` both end
 here: the tree from ``rules.plan_sink`` is lowered (``lower.lower``), its
-DataFrame runs into the table (``runtime.pipeline.run_to_sink``) with the
-readers of every source leaf (their bad input goes to the dead-letter
+DataFrame runs into the table (``runtime.pipeline.run_to_sink``; the bad
+input of every source leaf travels in it as side rows to the dead-letter
 output), and the report carries the explain text and the plan warnings.
 """
 from __future__ import annotations
@@ -36,7 +36,7 @@ def run_sink(sink: Sink, table, *, checkpoint: Optional[str] = None,
         _warnings.warn(w, PlanWarning, stacklevel=warn_stacklevel)
     low = lower(sink)
     report = run_to_sink(low.df, table, key=sink.key, schema=arrow_schema_of(low.data_df),
-                         readers=low.readers, checkpoint=checkpoint, changelog_path=changelog_path,
+                         checkpoint=checkpoint, changelog_path=changelog_path,
                          changelog_format=changelog_format, dead_letter=dead_letter,
                          strict=strict, progress=progress)
     report.plan = explain_plan(sink)

@@ -57,7 +57,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from ...model import KIND_COL, SEQ_COL, RowKind, join_output_names
+from ...model import KIND_COL, METRICS_COL, SEQ_COL, RowKind, join_output_names
 from ...model.rowkind import IS_ADD
 from ..base import KeyedOperator, OpContext
 from ..keys import key_change, lookup_unique
@@ -236,6 +236,10 @@ class JoinInputLayout:
         from pyspark.sql import functions as F
         from pyspark.sql.pandas.types import from_arrow_type
 
+        # side rows (_kind = -1: dead letters, operator counters) keep their
+        # payload; their data columns are NULL like a missing side's
+        side_rows = METRICS_COL in left_df.columns or METRICS_COL in right_df.columns
+
         def project(df, side):
             exprs = []
             for src, tgt, typ in self.side_projection(side):
@@ -247,6 +251,9 @@ class JoinInputLayout:
                 else:
                     e = F.col(f"`{src}`")
                 exprs.append(e.cast(st).alias(tgt))
+            if side_rows:
+                payload = F.col(f"`{METRICS_COL}`") if METRICS_COL in df.columns else F.lit(None)
+                exprs.append(payload.cast("string").alias(METRICS_COL))
             return df.select(*exprs)
 
         return project(left_df, LEFT).unionByName(project(right_df, RIGHT))
