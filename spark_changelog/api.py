@@ -26,7 +26,7 @@ from typing import Optional, Sequence, Union
 from .model import KIND_COL, SEQ_COL, ChangelogMode, StreamSchema, as_key
 from .model.watermark import DAY_MS, Duration, duration_ms
 from .plan import explain_plan
-from .plan.expressions import ExpressionError, parse, project_item
+from .plan.expressions import ExpressionError, parse, project_item, to_spark_sql
 from .plan.execute import PlanWarning, run_sink
 from .plan.lower import Lowered, column_sql, lower, spark_types
 from .plan.nodes import (Filter, Join, Node, Normalize, Project, ProjectItem, Sink, Source,
@@ -225,8 +225,8 @@ class ChangelogStream:
             except ExpressionError:           # opaque to the planner: keeps no key
                 from sqlglot import exp
                 tree = exp.Anonymous(this="opaque_expression")
-            return project_item(tree, name or spark_name, types, deterministic,
-                                text=str(column)[8:-2], column=column)
+            # explain shows the tree's Spark SQL (a Column prints as ``+(a, 1)``)
+            return project_item(tree, name or spark_name, types, deterministic, column=column)
         if name is None and tree.alias == "":
             name = data.select(F.expr(c)).columns[0]
         return project_item(tree, name, types, deterministic, text=c.strip())
@@ -247,7 +247,8 @@ class ChangelogStream:
         from pyspark.sql import Column
         if isinstance(condition, Column):
             _, sql = column_sql(self._lowered().data_df, condition)
-            return self._derive(Filter(self.node, parse(sql), str(condition)[8:-2], condition))
+            tree = parse(sql)
+            return self._derive(Filter(self.node, tree, to_spark_sql(tree), condition))
         return self._derive(Filter(self.node, parse(condition), condition.strip()))
 
     filter = where

@@ -318,8 +318,8 @@ class Filter(_Unary):
     """
 
     input: Node
-    condition: object
-    text: str
+    condition: object = dataclasses.field(repr=False)
+    text: str = ""
     column: Optional[object] = dataclasses.field(default=None, compare=False, repr=False)
 
     def label(self) -> str:
