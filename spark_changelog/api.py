@@ -26,12 +26,13 @@ from typing import Optional, Sequence, Union
 from .model import KIND_COL, SEQ_COL, ChangelogMode, StreamSchema, as_key
 from .model.watermark import DAY_MS, Duration, duration_ms
 from .plan import explain_plan
-from .plan.expressions import ExpressionError, parse, project_item
+from .plan.expressions import ExpressionError, parse, project_item, to_spark_sql
+from .plan.execute import PlanWarning, run_sink
 from .plan.lower import Lowered, column_sql, lower, spark_types
 from .plan.nodes import (Filter, Join, Node, Normalize, Project, ProjectItem, Sink, Source,
                          WatermarkAssigner, source_leaves)
-from .plan.rules import PlanError, optimize, plan_sink, plan_warnings
-from .runtime.spark_keyed import DEFAULT_KEY_GROUPS, arrow_schema_of
+from .plan.rules import PlanError, optimize, plan_sink
+from .runtime.spark_keyed import DEFAULT_KEY_GROUPS
 
 JoinOn = Union[str, Sequence[Union[str, tuple]], dict, None]
 
@@ -224,8 +225,8 @@ class ChangelogStream:
             except ExpressionError:           # opaque to the planner: keeps no key
                 from sqlglot import exp
                 tree = exp.Anonymous(this="opaque_expression")
-            return project_item(tree, name or spark_name, types, deterministic,
-                                text=str(column)[8:-2], column=column)
+            # explain shows the tree's Spark SQL (a Column prints as ``+(a, 1)``)
+            return project_item(tree, name or spark_name, types, deterministic, column=column)
         if name is None and tree.alias == "":
             name = data.select(F.expr(c)).columns[0]
         return project_item(tree, name, types, deterministic, text=c.strip())
@@ -246,7 +247,8 @@ class ChangelogStream:
         from pyspark.sql import Column
         if isinstance(condition, Column):
             _, sql = column_sql(self._lowered().data_df, condition)
-            return self._derive(Filter(self.node, parse(sql), str(condition)[8:-2], condition))
+            tree = parse(sql)
+            return self._derive(Filter(self.node, tree, to_spark_sql(tree), condition))
         return self._derive(Filter(self.node, parse(condition), condition.strip()))
 
     filter = where
@@ -313,23 +315,13 @@ class ChangelogStream:
         ``plan`` holds the explain text, its ``warnings`` the plan warnings.
         Bad input of every source leaf goes to ``dead_letter``.
         """
-        import warnings as _warnings
-        from .runtime.pipeline import run_to_sink
         name = os.fspath(table) if isinstance(table, (str, os.PathLike)) else type(table).__name__
         sink = self.plan_sink(key, materialize=materialize, conflict=conflict,
                               require_on_conflict=require_on_conflict, table=name,
                               materializer_ttl_ms=materializer_ttl_ms, key_groups=key_groups)
-        warns = plan_warnings(sink)
-        for w in warns:
-            _warnings.warn(w, PlanWarning, stacklevel=2)
-        low = lower(sink)
-        report = run_to_sink(low.df, table, key=sink.key, schema=arrow_schema_of(low.data_df),
-                             checkpoint=checkpoint,
-                             changelog_path=changelog_path, changelog_format=changelog_format,
-                             dead_letter=dead_letter, strict=strict, progress=progress)
-        report.plan = explain_plan(sink)
-        report.warnings[:0] = warns
-        return report
+        return run_sink(sink, table, checkpoint=checkpoint, changelog_path=changelog_path,
+                        changelog_format=changelog_format, dead_letter=dead_letter, strict=strict,
+                        progress=progress, warn_stacklevel=3)
 
     def collect(self):
         """A bounded stream's emitted changelog as pandas (data rows, in ``_seq`` order)."""
@@ -361,10 +353,6 @@ def _stateful_below(node: Node) -> list[str]:
             out.append(name)
     walk(node)
     return out
-
-
-class PlanWarning(UserWarning):
-    """A plan-time warning (e.g. non-deterministic columns without an upsert key)."""
 
 
 def _join_columns(on, left_on, right_on) -> tuple[tuple, tuple]:
@@ -414,3 +402,7 @@ def read_canal(spark, path, schema=None, primary_key=None, **kw) -> ChangelogStr
 
 def read_maxwell(spark, path, schema=None, primary_key=None, **kw) -> ChangelogStream:
     return read_changes(spark, path, "maxwell-json", schema, primary_key, **kw)
+
+
+__all__ = ["ChangelogStream", "PlanWarning", "PlanError", "read_changes", "read_debezium",
+           "read_canal", "read_maxwell"]

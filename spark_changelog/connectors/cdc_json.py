@@ -146,7 +146,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from spark_changelog.model.rowkind import RowKind
-from spark_changelog.model.schema import SIDE_COL, SIDE_KIND
+from spark_changelog.model import METRICS_COL as SIDE_COL, METRICS_KIND as SIDE_KIND
 from spark_changelog.model.schema import (
     KIND_COL,
     SEQ_COL,
@@ -176,7 +176,7 @@ FORMATS = {
 CHANGELOG_FILE_FORMATS = ("json", "csv", "parquet")
 
 SKIP_TOMBSTONE = "tombstone"
-#: side rows (the pipeline's side-row channel, ``model.schema.SIDE_COL``): kind,
+#: side rows (the pipeline's side-row channel, ``runtime.spark_keyed``): kind,
 #: payload column, and the payload keys the sink handler reads
 DEAD_LETTER = "dead_letter"
 SKIPPED = "skipped"

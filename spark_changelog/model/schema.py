@@ -26,13 +26,11 @@ from .watermark import WatermarkStrategy
 KIND_COL = "_kind"
 SEQ_COL = "_seq"
 METADATA_COLUMNS = (KIND_COL, SEQ_COL)
-
-#: side rows: ``_kind = SIDE_KIND`` with a JSON payload in ``SIDE_COL``
-#: (operator counters, a reader's dead letters and skipped records); they pass
-#: through every operator, projection and join to the sink handler
-#: (``runtime.pipeline``), so every layer may need to recognise them
-SIDE_COL = "_metrics"
-SIDE_KIND = -1
+#: side rows: ``_kind = -1`` with a JSON payload in ``_metrics`` (operator
+#: metrics, a reader's dead letters and skipped records); they pass through
+#: every operator to the sink handler (docs/plan.md, "Lowering")
+METRICS_COL = "_metrics"
+METRICS_KIND = -1
 
 
 class ChangelogMode(enum.Enum):

@@ -2,19 +2,20 @@
 
 ``lower(node)`` takes a planned tree (``rules.optimize``/``rules.plan_sink``
 already applied) and returns a :class:`Lowered`: the Spark DataFrame of the
-node's changelog, the keyed operators built for it and the source leaves
-(whose readers' bad input the sink runner sends to the dead-letter output).
+node's changelog and the keyed operators built for it.
 The Python API and the SQL front end both end here; nothing else builds an
 operator or a pipeline DataFrame (docs/plan.md).
 
-Side rows (``_kind = -1``, a JSON payload in ``_metrics``: operator metrics
-and whatever a reader sends along) pass through every step built here
-unchanged: projections and filters keep them (their data columns are null),
-a join unions both inputs' side rows into its input, and keyed operators
+Side rows (``_kind = -1``, a JSON payload in ``_metrics``: operator metrics,
+a reader's dead letters and skipped records) pass through every step built
+here unchanged, and each step reads its input once: projections and filters
+keep them (their data columns are null), the join's input union carries both
+inputs' side rows (``JoinInputLayout.spark_union``), and keyed operators
 route them to key group -1 (``runtime.spark_keyed``).
 
 Each node is lowered once per process (memoized by node identity, like its
-traits; a memo entry never refers to its own node, so it goes with the node): the API asks for column types while it builds a pipeline, and the
+traits; a memo entry never refers to its own node, so it goes with the
+node): the API asks for column types while it builds a pipeline, and the
 pipeline reuses the DataFrames.
 """
 from __future__ import annotations
@@ -23,9 +24,8 @@ import dataclasses
 import weakref
 from typing import Optional
 
-from ..model import KIND_COL, SEQ_COL
-from ..runtime.spark_keyed import (DEFAULT_KEY_GROUPS, METRICS_COL, METRICS_KIND, apply_keyed,
-                                   arrow_schema_of)
+from ..model import KIND_COL, METRICS_COL, METRICS_KIND, SEQ_COL
+from ..runtime.spark_keyed import DEFAULT_KEY_GROUPS, apply_keyed, arrow_schema_of
 from . import expressions
 from .nodes import (Filter, Join, Materialize, Node, Normalize, Project, Sink, Source,
                     WatermarkAssigner, join_state_unique_key)
@@ -35,13 +35,12 @@ from .rules import PlanError
 @dataclasses.dataclass(frozen=True)
 class Lowered:
     """A lowered node: its changelog DataFrame (data columns, ``_kind``,
-    ``_seq``, and ``_metrics`` when side rows may travel in it), the keyed
-    operators built for it (inputs first) and the readers of its source
-    leaves (their bad input goes to the dead-letter output)."""
+    ``_seq``, and ``_metrics`` when side rows may travel in it: operator
+    metrics, the readers' dead letters and skipped records) and the keyed
+    operators built for it (inputs first)."""
 
     df: object
     operators: tuple = ()
-    readers: tuple = ()
 
     @property
     def data_df(self):
@@ -107,14 +106,14 @@ def _lower(node: Node) -> Lowered:
 
 def _keyed(inp: Lowered, df, op, key_groups: Optional[int]) -> Lowered:
     out = apply_keyed(df, op, key_groups=key_groups or DEFAULT_KEY_GROUPS)
-    return Lowered(out, inp.operators + (op,), inp.readers)
+    return Lowered(out, inp.operators + (op,))
 
 
 def _source(node: Source) -> Lowered:
     df = node.reader.rows if node.reader is not None else node.dataframe
     if df is None:
         raise PlanError(f"source {node.name!r} has neither a reader nor a DataFrame")
-    return Lowered(df, (), (node.reader,) if node.reader is not None else ())
+    return Lowered(df)
 
 
 def spark_column(item):
@@ -159,29 +158,10 @@ def _join(node: Join, left: Lowered, right: Lowered) -> Lowered:
     op = RegularJoin(layout, node.how, join_state_unique_key(node.left.traits, node.left_keys),
                      join_state_unique_key(node.right.traits, node.right_keys), node.condition,
                      node.state_ttl_ms)
-    union = layout.spark_union(left.data_df, right.data_df)
-    union = _with_side_rows(union, (left.df, right.df))
-    readers = left.readers + tuple(r for r in right.readers
-                                   if not any(r is o for o in left.readers))
+    # one pass over each input: side rows go into the union with null data columns
+    union = layout.spark_union(left.df, right.df)
     return Lowered(apply_keyed(union, op, key_groups=node.key_groups or DEFAULT_KEY_GROUPS),
-                   left.operators + right.operators + (op,), readers)
-
-
-def _with_side_rows(union, inputs):
-    """The join's input union plus the side rows of both inputs (contract:
-    side rows pass through every operator), their data columns null."""
-    from pyspark.sql import functions as F
-    carriers = [df for df in inputs if METRICS_COL in df.columns]
-    if not carriers:
-        return union
-    out = union.withColumn(METRICS_COL, F.lit(None).cast("string"))
-    for df in carriers:
-        side = df.where(F.col(KIND_COL) == F.lit(METRICS_KIND))
-        out = out.unionByName(side.select(*[
-            F.col(f.name) if f.name in (KIND_COL, SEQ_COL, METRICS_COL)
-            else F.lit(None).cast(f.dataType).alias(f.name)
-            for f in out.schema.fields]))
-    return out
+                   left.operators + right.operators + (op,))
 
 
 def column_sql(df, column) -> tuple[str, str]:

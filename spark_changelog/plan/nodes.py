@@ -155,9 +155,9 @@ def infer(node: Node) -> Traits:
 class Source(Node):
     """A leaf: a CDC reader or a DataFrame that already has ``_kind``/``_seq``.
 
-    ``reader``: what the connector returned (``changes``/``invalid``/``skipped``
-    DataFrames and the format); its bad input reaches the dead-letter output
-    whatever operators follow.  ``dataframe``: the wrapped DataFrame of
+    ``reader``: what the connector returned; lowering reads its ``rows`` (the
+    changes plus dead letters and skipped records as side rows, which reach
+    the dead-letter output whatever operators follow).  ``dataframe``: the wrapped DataFrame of
     ``ChangelogStream.from_dataframe``.  Lowering reads the one that is set.
     """
 
@@ -318,8 +318,8 @@ class Filter(_Unary):
     """
 
     input: Node
-    condition: object
-    text: str
+    condition: object = dataclasses.field(repr=False)
+    text: str = ""
     column: Optional[object] = dataclasses.field(default=None, compare=False, repr=False)
 
     def label(self) -> str:

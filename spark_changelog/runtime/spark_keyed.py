@@ -34,16 +34,13 @@ import pandas as pd
 import pyarrow as pa
 from pyspark.sql.streaming import StatefulProcessor
 
-from ..model import KIND_COL, SEQ_COL
-from ..model.schema import SIDE_COL, SIDE_KIND
+from ..model import KIND_COL, METRICS_COL, METRICS_KIND, SEQ_COL
 from ..model.watermark import END_OF_INPUT_MS
 from ..operators.base import KeyedOperator, Metrics, OpContext
 from .keygroup import fire_watermark, next_timer_ms, pending_rows, process_key_group
 from .state_runs import WORKER_CACHE, Run, RunStack, concat_rows, run_schema
 
 KEY_GROUP_COL = "_kg"
-METRICS_COL = SIDE_COL      # operator metric rows are side rows (model.schema)
-METRICS_KIND = SIDE_KIND
 DEFAULT_KEY_GROUPS = 32
 
 

@@ -111,6 +111,9 @@ def test_columns_are_read_as_trees(spark):
     assert noisy.collect().columns.tolist()[:3] == ["id", "r", "text"]
     # Spark names an unnamed expression; the planner uses that name
     assert s.select("level + 1").traits.columns == ("(level + 1)",)
+    # explain shows a Column as Spark SQL generated from its resolved tree
+    assert "Project(select=[CAST(id AS BIGINT) AS id, level])" in widened.explain()
+    assert "Calc(where=[(level > CAST(1 AS BIGINT))])" in s.where(F.col("level") > 1).explain()
 
 
 def test_with_watermark_is_a_plan_node_over_the_projection(spark):

@@ -57,7 +57,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from ...model import KIND_COL, SEQ_COL, RowKind, join_output_names
+from ...model import KIND_COL, METRICS_COL, SEQ_COL, RowKind, join_output_names
 from ...model.rowkind import IS_ADD
 from ..base import KeyedOperator, OpContext
 from ..keys import key_change, lookup_unique
@@ -235,7 +235,6 @@ class JoinInputLayout:
         """The same union with Spark column expressions (``unionByName``)."""
         from pyspark.sql import functions as F
         from pyspark.sql.pandas.types import from_arrow_type
-        from ...model.schema import SIDE_COL as METRICS_COL
 
         # side rows (_kind = -1: dead letters, operator counters) keep their
         # payload; their data columns are NULL like a missing side's

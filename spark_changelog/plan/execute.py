@@ -1,0 +1,47 @@
+"""Running a planned sink: lower it and hand it to the runtime.
+
+The API's ``write_upsert`` and the SQL front end's ``INSERT INTO`` both end
+here: the tree from ``rules.plan_sink`` is lowered (``lower.lower``), its
+DataFrame runs into the table (``runtime.pipeline.run_to_sink``; the bad
+input of every source leaf travels in it as side rows to the dead-letter
+output), and the report carries the explain text and the plan warnings.
+"""
+from __future__ import annotations
+
+import warnings as _warnings
+from typing import Optional
+
+from ..runtime.spark_keyed import arrow_schema_of
+from .explain import explain_plan
+from .lower import lower
+from .nodes import Sink
+from .rules import plan_warnings
+
+
+class PlanWarning(UserWarning):
+    """A plan-time warning (e.g. non-deterministic columns without an upsert key)."""
+
+
+def run_sink(sink: Sink, table, *, checkpoint: Optional[str] = None,
+             changelog_path: Optional[str] = None, changelog_format: str = "parquet",
+             dead_letter: Optional[str] = None, strict: bool = False, progress=None,
+             warn_stacklevel: int = 2):
+    """Run the planned ``sink`` into ``table`` (a Delta path or an
+    ``UpsertSink``); returns the :class:`~spark_changelog.runtime.pipeline.RunReport`.
+    Plan warnings are issued as :class:`PlanWarning` and listed first in the
+    report's ``warnings``."""
+    from ..runtime.pipeline import run_to_sink
+    warns = plan_warnings(sink)
+    for w in warns:
+        _warnings.warn(w, PlanWarning, stacklevel=warn_stacklevel)
+    low = lower(sink)
+    report = run_to_sink(low.df, table, key=sink.key, schema=arrow_schema_of(low.data_df),
+                         checkpoint=checkpoint, changelog_path=changelog_path,
+                         changelog_format=changelog_format, dead_letter=dead_letter,
+                         strict=strict, progress=progress)
+    report.plan = explain_plan(sink)
+    report.warnings[:0] = warns
+    return report
+
+
+__all__ = ["run_sink", "PlanWarning"]
