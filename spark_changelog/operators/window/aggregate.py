@@ -1,0 +1,329 @@
+"""The window aggregate (docs/windows.md, "Window aggregate").
+
+Input: insert-only rows that went through a window projection
+(:mod:`.assigners`: TUMBLE, HOP, CUMULATE), so every row carries its
+``window_start`` / ``window_end``.  The operator's key is the GROUP BY
+columns, window bounds included; each key is one window of one group.
+
+State per key: the *multiset* of the aggregated columns' values (one state
+row per distinct value tuple, with its multiplicity ``_n``) and whether the
+window has fired.  Aggregates are evaluated over the multiset when a window
+fires, so count distinct, min and max need no extra structure, and a re-fire
+can retract the previous result by evaluating the multiset before the change.
+
+Timing (the watermark in ``ctx.watermark_ms``):
+
+* a window fires (``+I`` of its result) once the watermark reaches
+  ``end - 1``;
+* with ``allowed_lateness_ms`` it stays open until the watermark reaches
+  ``end - 1 + allowed_lateness``: a row arriving meanwhile re-fires it at
+  once as ``-U`` old result, ``+U`` new result;
+* a row whose window is past that point is *late*: it goes to the late-data
+  output (the row, its window, the watermark at its arrival, the reason) and
+  is counted (``late_rows``); nothing is dropped silently.  Lateness is per
+  window, as in Flink's window operator: a row behind the watermark whose
+  window has not fired yet is simply added to it.
+
+The runtime calls :meth:`process` with the watermark at the rows' arrival
+(the one before their micro-batch) and then, via ``on_watermark``, with the
+watermark after the batch; an end of input is the watermark
+``END_OF_INPUT_MS`` (everything fires, nothing is late).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Sequence
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from ...model import KIND_COL, SEQ_COL, RowKind
+from ..base import KeyedOperator, OpContext
+from ..keys import key_index
+
+WINDOW_START = "window_start"
+WINDOW_END = "window_end"
+COUNT_COL = "_n"
+FIRED_COL = "_fired"
+
+_FUNCS = ("count", "count_distinct", "sum", "min", "max")
+
+
+@dataclasses.dataclass(frozen=True)
+class AggCall:
+    """One aggregate: ``func(column) AS name``; ``column=None`` is ``COUNT(*)``."""
+
+    name: str
+    func: str
+    column: Optional[str] = None
+
+    def __post_init__(self):
+        if self.func not in _FUNCS:
+            raise ValueError(f"aggregate {self.func!r} is not supported by the window aggregate "
+                             f"(supported: {', '.join(_FUNCS)})")
+        if self.column is None and self.func != "count":
+            raise ValueError(f"{self.func} needs a column")
+
+    def describe(self) -> str:
+        inner = "*" if self.column is None else self.column
+        if self.func == "count_distinct":
+            return f"COUNT(DISTINCT {inner}) AS {self.name}"
+        return f"{self.func.upper()}({inner}) AS {self.name}"
+
+
+def ms_of(col: pd.Series) -> np.ndarray:
+    """Epoch milliseconds of a timestamp column (tz-aware or naive UTC)."""
+    if pd.api.types.is_integer_dtype(col.dtype):
+        return col.to_numpy(dtype=np.int64)
+    values = col.dt.tz_convert("UTC").dt.tz_localize(None) if getattr(col.dt, "tz", None) else col
+    return values.to_numpy(dtype="datetime64[ms]").astype(np.int64)
+
+
+def timestamps(ms: np.ndarray) -> pd.Series:
+    return pd.Series(pd.to_datetime(np.asarray(ms, dtype=np.int64), unit="ms", utc=True))
+
+
+class WindowAggregate(KeyedOperator):
+    """GROUP BY keys + window bounds over a window projection (module docstring)."""
+
+    name = "WindowAggregate"
+
+    def __init__(self, input_schema: pa.Schema, group_keys: Sequence[str],
+                 aggregates: Sequence[AggCall], *, allowed_lateness_ms: int = 0,
+                 time_column: Optional[str] = None):
+        keys = tuple(group_keys) + (WINDOW_START, WINDOW_END)
+        super().__init__(input_schema, keys)
+        self.group_keys = tuple(group_keys)
+        self.aggregates = tuple(aggregates)
+        self.allowed_lateness_ms = int(allowed_lateness_ms)
+        self.time_column = time_column
+        if self.allowed_lateness_ms < 0:
+            raise ValueError("allowed lateness must not be negative")
+        cols = []
+        for a in self.aggregates:
+            if a.column is not None and a.column not in input_schema.names:
+                raise ValueError(f"{self.name}: aggregate column {a.column!r} not in input "
+                                 f"{input_schema.names}")
+            if a.column is not None and a.column not in cols and a.column not in keys:
+                cols.append(a.column)
+        names = [a.name for a in self.aggregates]
+        clash = sorted({n for n in names if names.count(n) > 1 or n in keys})
+        if clash:
+            raise ValueError(f"{self.name}: output column name(s) {clash} used twice")
+        #: the columns whose distinct value tuples the state keeps
+        self.value_columns = tuple(cols)
+        self._state_schema = pa.schema(
+            [input_schema.field(k) for k in keys] + [input_schema.field(c) for c in cols]
+            + [pa.field(COUNT_COL, pa.int64()), pa.field(FIRED_COL, pa.bool_())])
+        out = [input_schema.field(k) for k in keys]
+        for a in self.aggregates:
+            out.append(pa.field(a.name, self._result_type(a, input_schema)))
+        out += [pa.field(KIND_COL, pa.int8()), pa.field(SEQ_COL, pa.int64())]
+        self._output_schema = pa.schema(out)
+
+    @staticmethod
+    def _result_type(a: AggCall, schema: pa.Schema) -> pa.DataType:
+        if a.func in ("count", "count_distinct"):
+            return pa.int64()
+        t = schema.field(a.column).type
+        if a.func == "sum" and pa.types.is_integer(t):
+            return pa.int64()
+        return t
+
+    @property
+    def state_schema(self) -> pa.Schema:
+        return self._state_schema
+
+    @property
+    def output_schema(self) -> pa.Schema:
+        return self._output_schema
+
+    def describe(self) -> str:
+        aggs = ", ".join(a.describe() for a in self.aggregates)
+        return (f"WindowAggregate(groupBy=[{', '.join(self.key)}], select=[{aggs}], "
+                f"allowedLateness={self.allowed_lateness_ms} ms)")
+
+    # -- timing -----------------------------------------------------------------
+    @property
+    def uses_watermark(self) -> bool:
+        return True
+
+    def _fire_ms(self, frame: pd.DataFrame) -> np.ndarray:
+        return ms_of(frame[WINDOW_END]) - 1
+
+    def pending_times(self, state: pd.DataFrame) -> np.ndarray:
+        """Unfired windows wait for ``end - 1``, fired ones (allowed lateness)
+        for ``end - 1 + lateness``, when their state goes."""
+        if state.empty:
+            return np.zeros(0)
+        fire = self._fire_ms(state).astype(np.float64)
+        fired = state[FIRED_COL].to_numpy(dtype=bool)
+        return np.where(fired, fire + self.allowed_lateness_ms, fire)
+
+    def due(self, state: pd.DataFrame, ctx: OpContext) -> np.ndarray:
+        if state.empty or ctx.watermark_ms is None:
+            return np.zeros(len(state), dtype=bool)
+        return self.pending_times(state) <= ctx.watermark_ms
+
+    # -- the step -----------------------------------------------------------------
+    def process(self, state: pd.DataFrame, rows: pd.DataFrame, ctx: OpContext
+                ) -> tuple[pd.DataFrame, pd.DataFrame]:
+        kinds = rows[KIND_COL].to_numpy(dtype=np.int64)
+        bad = kinds != RowKind.INSERT.value
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise ValueError(
+                f"{self.name} accepts insert-only input; got a {RowKind(int(kinds[i])).short} "
+                f"row: {rows.iloc[i].drop([KIND_COL]).to_dict()} (normalize or aggregate the "
+                f"changelog first)")
+        wm = ctx.watermark_ms
+        if wm is not None and len(rows):
+            closed = self._fire_ms(rows) + self.allowed_lateness_ms <= wm
+            if closed.any():
+                self._late(rows[closed], ctx)
+                rows = rows[~closed]
+        ctx.metrics.add("rows_in", int((~bad).sum()))
+        return self._step(state, rows, ctx)
+
+    def on_watermark(self, state: pd.DataFrame, ctx: OpContext
+                     ) -> tuple[pd.DataFrame, pd.DataFrame]:
+        return self._step(state, rows=None, ctx=ctx)
+
+    def _late(self, rows: pd.DataFrame, ctx: OpContext) -> None:
+        ctx.metrics.add("late_rows", len(rows))
+        reason = ("window closed: its end - 1 ms" + (" + allowed lateness" if
+                                                    self.allowed_lateness_ms else "")
+                  + " is at or before the watermark at the row's arrival")
+        data = rows.drop(columns=[KIND_COL, SEQ_COL, WINDOW_START, WINDOW_END])
+        starts, ends = ms_of(rows[WINDOW_START]), ms_of(rows[WINDOW_END])
+        for i, rec in enumerate(data.to_dict("records")):
+            ctx.metrics.side("late", {
+                "operator": self.name, "row": {k: _plain(v) for k, v in rec.items()},
+                "window_start_ms": int(starts[i]), "window_end_ms": int(ends[i]),
+                "watermark_ms": int(ctx.watermark_ms), "seq": int(rows[SEQ_COL].iloc[i]),
+                "reason": reason})
+
+    def _step(self, state: pd.DataFrame, rows: Optional[pd.DataFrame], ctx: OpContext):
+        key = list(self.key)
+        vals = list(self.value_columns)
+        wm = ctx.watermark_ms
+        if rows is not None and len(rows):
+            added = rows[key + vals].copy()
+            added[COUNT_COL] = np.int64(1)
+            added[FIRED_COL] = False
+            touched_keys = key_index(rows, key).unique()
+        else:
+            added = None
+            touched_keys = None
+        old = state
+        if added is not None:
+            both = pd.concat([old, added], ignore_index=True) if len(old) else added
+            new = (both.groupby(key + vals, dropna=False, sort=False)
+                   .agg(**{COUNT_COL: (COUNT_COL, "sum"), FIRED_COL: (FIRED_COL, "max")})
+                   .reset_index())
+            # a window has fired or not as a whole
+            new[FIRED_COL] = new.groupby(key, dropna=False, sort=False)[FIRED_COL].transform("max")
+        else:
+            new = old.reset_index(drop=True)
+        out = []
+        # windows that fired before and got rows now (allowed lateness): -U old, +U new
+        if touched_keys is not None and len(old):
+            old_fired = old[old[FIRED_COL].to_numpy(dtype=bool)]
+            if len(old_fired):
+                hit = np.asarray(key_index(old_fired, key).isin(touched_keys), dtype=bool)
+                if hit.any():
+                    before = old_fired[hit]
+                    after = new[np.asarray(key_index(new, key).isin(key_index(before, key)),
+                                           dtype=bool)]
+                    out.append(self._refire(before, after))
+        # windows the watermark has reached and that have not fired: +I
+        if wm is not None and len(new):
+            fire_ms = self._fire_ms(new)
+            fired = new[FIRED_COL].to_numpy(dtype=bool)
+            now = ~fired & (fire_ms <= wm)
+            if now.any():
+                out.append(self._results(new[now], RowKind.INSERT))
+                new.loc[now, FIRED_COL] = True
+            # state goes once no row can reach the window any more
+            gone = fire_ms + self.allowed_lateness_ms <= wm
+            if gone.any():
+                ctx.metrics.add("windows_closed", int(key_index(new[gone], key).nunique()))
+                new = new[~gone].reset_index(drop=True)
+        output = self._concat_output(out, ctx)
+        return new[list(self.state_schema.names)], output
+
+    # -- results ----------------------------------------------------------------------
+    def _results(self, multiset: pd.DataFrame, kind: RowKind) -> pd.DataFrame:
+        """One result row per window of ``multiset``, ordered by window end,
+        start, then keys (the order the watermark reaches them)."""
+        key = list(self.key)
+        g = multiset.groupby(key, dropna=False, sort=False)
+        res = g[COUNT_COL].sum().rename("__rows").reset_index()
+        for a in self.aggregates:
+            res[a.name] = self._evaluate(a, multiset, key).to_numpy()
+        res = res.drop(columns="__rows")
+        res[KIND_COL] = np.int8(kind.value)
+        order = np.lexsort(tuple(res[c].to_numpy() for c in reversed(
+            [WINDOW_END, WINDOW_START] + list(self.group_keys))))
+        return res.take(order).reset_index(drop=True)
+
+    def _evaluate(self, a: AggCall, ms: pd.DataFrame, key) -> pd.Series:
+        g = ms.groupby(key, dropna=False, sort=False)
+        if a.column is None:
+            return g[COUNT_COL].sum()
+        col = ms[a.column]
+        present = col.notna()
+        if a.func == "count":
+            return ms[COUNT_COL].where(present, 0).groupby(
+                [ms[k] for k in key], dropna=False, sort=False).sum()
+        if a.func == "count_distinct":
+            return g[a.column].nunique(dropna=True)
+        if a.func == "sum":
+            weighted = col * ms[COUNT_COL]
+            return weighted.groupby([ms[k] for k in key], dropna=False, sort=False).sum(min_count=1)
+        if a.func == "min":
+            return g[a.column].min()
+        return g[a.column].max()
+
+    def _refire(self, before: pd.DataFrame, after: pd.DataFrame) -> pd.DataFrame:
+        old = self._results(before, RowKind.UPDATE_BEFORE)
+        new = self._results(after, RowKind.UPDATE_AFTER)
+        changed = ~_same_rows(old.drop(columns=KIND_COL), new.drop(columns=KIND_COL))
+        old, new = old[changed], new[changed]
+        both = pd.concat([old, new], ignore_index=True)
+        # -U then +U per window
+        pos = np.concatenate([np.arange(len(old)) * 2, np.arange(len(new)) * 2 + 1])
+        return both.take(np.argsort(pos, kind="stable")).reset_index(drop=True)
+
+    def _concat_output(self, parts, ctx: OpContext) -> pd.DataFrame:
+        parts = [p for p in parts if len(p)]
+        if not parts:
+            return self.empty_output()
+        out = pd.concat(parts, ignore_index=True)
+        ctx.metrics.add("windows_fired", int((out[KIND_COL] == RowKind.INSERT.value).sum()))
+        ctx.metrics.add("windows_refired", int((out[KIND_COL] == RowKind.UPDATE_AFTER.value).sum()))
+        out[SEQ_COL] = ctx.allocate_seq(len(out))
+        return out[list(self.output_schema.names)]
+
+
+def _same_rows(a: pd.DataFrame, b: pd.DataFrame) -> np.ndarray:
+    """Row-wise equality of two aligned frames (nulls equal)."""
+    eq = np.ones(len(a), dtype=bool)
+    for c in a.columns:
+        x, y = a[c].to_numpy(), b[c].to_numpy()
+        eq &= (x == y) | (pd.isna(x) & pd.isna(y))
+    return eq
+
+
+def _plain(v):
+    if isinstance(v, pd.Timestamp):
+        return v.isoformat()
+    if isinstance(v, np.generic):
+        return v.item()
+    if v is pd.NaT or (isinstance(v, float) and np.isnan(v)):
+        return None
+    return v
+
+
+__all__ = ["WindowAggregate", "AggCall", "WINDOW_START", "WINDOW_END", "ms_of", "timestamps"]
