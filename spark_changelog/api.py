@@ -148,6 +148,36 @@ class ChangelogStream:
         node = WatermarkAssigner(self.node, column, strategy.bound_ms)
         return ChangelogStream(df, schema, self.source, self.steps, node)
 
+    def window(self, window, *, watermark=None, partition: Optional[str] = None,
+               idle_timeout: Optional[Duration] = None, allowed_lateness: Duration = 0
+               ) -> "WindowedStream":
+        """Event-time windows (docs/windows.md): ``window`` is
+        ``tumble("ts", "1 minute")``, ``hop("ts", slide, size)`` or
+        ``cumulate("ts", step, max_size)`` (``spark_changelog.operators.window``);
+        then ``.aggregate(by=[...], users="count(distinct u)", n="count(*)")``.
+
+        ``watermark``: a generator (``BoundedOutOfOrderness``, ``Punctuated``,
+        your own ``WatermarkGenerator``); default: the stream's
+        ``with_watermark``.  ``partition``: a column whose values are source
+        partitions with their own watermarks (combined by minimum), or
+        ``"<file>"`` for one per input file.  ``idle_timeout``: a partition
+        without rows that long leaves the minimum.  ``allowed_lateness``: a
+        fired window stays open that long and re-fires as ``-U``/``+U``.
+        """
+        from .model.partition_watermarks import EventTimeSpec
+        column, assigner = window
+        if column not in self.schema.columns:
+            raise ValueError(f"window: column {column!r} not among {list(self.schema.columns)}")
+        generator = watermark or self.schema.watermark
+        if generator is None:
+            raise PlanError("window: the stream has no watermark; call with_watermark(column, "
+                            "bound) first or pass watermark=BoundedOutOfOrderness(column, bound)")
+        if generator.column != column:
+            generator = generator.renamed(column)
+        spec = EventTimeSpec(generator, partition,
+                             None if idle_timeout is None else duration_ms(idle_timeout))
+        return WindowedStream(self, column, assigner, spec, duration_ms(allowed_lateness))
+
     # -- projection -----------------------------------------------------------
     def select(self, *cols, **named) -> "ChangelogStream":
         """Project the data columns (``_kind``/``_seq`` are kept).
@@ -319,7 +349,7 @@ class ChangelogStream:
                      materialize: str = "auto", conflict: Optional[str] = None,
                      require_on_conflict: bool = False,
                      materializer_ttl_ms: Optional[int] = None,
-                     key_groups: int = DEFAULT_KEY_GROUPS):
+                     key_groups: int = DEFAULT_KEY_GROUPS, late_output: Optional[str] = None):
         """Write the stream to an upsert table (a Delta path or an ``UpsertSink``);
         see :func:`spark_changelog.runtime.pipeline.run_to_sink`.
 
@@ -332,6 +362,8 @@ class ChangelogStream:
         ``require_on_conflict``: Flink 2.3's strict default (an explicit
         ``conflict`` is required where a materializer is needed).  The report's
         ``plan`` holds the explain text, its ``warnings`` the plan warnings.
+        ``late_output``: a directory for the late rows of window operators
+        (JSON lines per micro-batch, docs/windows.md).
         """
         import warnings as _warnings
         from .operators.sink_upsert_materializer import SinkUpsertMaterializer
@@ -355,7 +387,8 @@ class ChangelogStream:
             _warnings.warn(w, PlanWarning, stacklevel=2)
         report = run_to_sink(stream, table, checkpoint=checkpoint, changelog_path=changelog_path,
                              changelog_format=changelog_format, dead_letter=dead_letter,
-                             strict=strict, key=sink.key, progress=progress)
+                             strict=strict, key=sink.key, progress=progress,
+                             late_output=late_output)
         report.plan = explain_plan(sink)
         report.warnings[:0] = warns
         return report
@@ -376,6 +409,63 @@ class ChangelogStream:
             return explain_plan(self.node)
         return explain_plan(self.plan_sink(key, materialize=materialize, conflict=conflict,
                                            require_on_conflict=require_on_conflict, table=table))
+
+
+@dataclasses.dataclass
+class WindowedStream:
+    """A stream with a window assignment, waiting for its aggregation."""
+
+    stream: ChangelogStream
+    column: str
+    assigner: object
+    spec: object
+    allowed_lateness_ms: int = 0
+
+    def aggregate(self, by: Union[str, Sequence[str], None] = None, *,
+                  key_groups: int = DEFAULT_KEY_GROUPS, **aggregates) -> ChangelogStream:
+        """GROUP BY ``by`` + window_start + window_end; ``aggregates``:
+        ``name="count(*)"``, ``"count(col)"``, ``"count(distinct col)"``,
+        ``"sum(col)"``, ``"min(col)"``, ``"max(col)"``.  The output is
+        insert-only (``-U``/``+U`` re-fires with allowed lateness), keyed by
+        the group keys and the window bounds."""
+        from .operators.window.aggregate import WINDOW_END, WINDOW_START, WindowAggregate
+        from .runtime.spark_event_time import apply_event_time
+        s = self.stream
+        if s.schema.mode is not ChangelogMode.INSERT_ONLY:
+            raise PlanError(f"window aggregate needs an insert-only input; this stream is "
+                            f"{s.schema.mode.value} (deduplicate or aggregate it first)")
+        if not aggregates:
+            raise ValueError("aggregate: name at least one aggregate, e.g. n='count(*)'")
+        by = as_key(by)
+        calls = [_agg_call(name, text) for name, text in aggregates.items()]
+        data_schema = arrow_schema_of(s._data_df())
+        ts = pa.timestamp("us", tz="UTC")
+        fields = [f for f in data_schema if f.name not in (KIND_COL, SEQ_COL)]
+        projected = pa.schema(fields + [pa.field(WINDOW_START, ts), pa.field(WINDOW_END, ts),
+                                        data_schema.field(KIND_COL), data_schema.field(SEQ_COL)])
+        op = WindowAggregate(projected, by, calls, allowed_lateness_ms=self.allowed_lateness_ms,
+                             time_column=self.column)
+        out = apply_event_time(s.df, op, self.spec, assigner=self.assigner, key_groups=key_groups)
+        key = tuple(by) + (WINDOW_START, WINDOW_END)
+        cols = key + tuple(c.name for c in calls)
+        mode = ChangelogMode.RETRACT if self.allowed_lateness_ms else ChangelogMode.INSERT_ONLY
+        schema = StreamSchema(cols, key, key, mode)
+        return ChangelogStream(out, schema, s.source, s.steps + (op.name,),
+                               Source(f"{op.describe()} over {self.assigner.describe()}, "
+                                      f"watermark {self.spec.describe()}", cols, key, mode, key))
+
+
+def _agg_call(name: str, text: str):
+    import re
+    from .operators.window.aggregate import AggCall
+    m = re.fullmatch(r"\s*(\w+)\s*\(\s*(distinct\s+)?([\w*]+)\s*\)\s*", str(text), re.I)
+    if not m:
+        raise ValueError(f"aggregate {name}={text!r}: write e.g. 'count(*)', 'sum(x)', "
+                         "'count(distinct u)'")
+    func, distinct, col = m.group(1).lower(), bool(m.group(2)), m.group(3)
+    if distinct and func != "count":
+        raise ValueError(f"aggregate {name}={text!r}: DISTINCT only with count")
+    return AggCall(name, "count_distinct" if distinct else func, None if col == "*" else col)
 
 
 class PlanWarning(UserWarning):

@@ -52,6 +52,8 @@ class RunReport:
     operators: dict = dataclasses.field(default_factory=dict)         # operator -> its counters
     warnings: list = dataclasses.field(default_factory=list)
     state_rows: int = 0
+    late_rows: int = 0              # window rows past their window (the late output)
+    late_output: Optional[str] = None
     watermark_ms: Optional[int] = None   # the latest event-time watermark an operator saw
     plan: str = ""   # the planner's explain text (ChangelogStream.write_upsert)
 
@@ -91,6 +93,9 @@ class RunReport:
         if self.watermark_ms is not None:
             lines.append(f"event-time watermark: {_iso_ms(self.watermark_ms)}   "
                          f"watermark timers fired: {c.get('watermark_timers', 0)}")
+        if self.late_rows:
+            lines.append(f"late rows: {self.late_rows}" + (f" (late output: {self.late_output})"
+                                                            if self.late_output else ""))
         if c.get("null_sink_key"):
             lines.append(f"changes with a null sink key (dead letter): {c['null_sink_key']}")
         if self.table:
@@ -164,7 +169,8 @@ def _data_schema(stream) -> pa.Schema:
 def run_to_sink(stream, table, *, checkpoint: Optional[str] = None,
                 changelog_path: Optional[str] = None, changelog_format: str = "parquet",
                 dead_letter: Optional[str] = None, strict: bool = False, key=None,
-                progress: Optional[Callable[[RunReport], None]] = None) -> RunReport:
+                progress: Optional[Callable[[RunReport], None]] = None,
+                late_output: Optional[str] = None) -> RunReport:
     from ..sinks.base import split_null_keys
     from ..sinks.changelog import ChangelogSink
     from ..sinks.delta import DeltaUpsertSink
@@ -177,7 +183,8 @@ def run_to_sink(stream, table, *, checkpoint: Optional[str] = None,
     log = ChangelogSink(changelog_path, changelog_format, key=key, schema=schema) if changelog_path else None
     report = RunReport(streaming=stream.is_streaming,
                        table=os.fspath(table) if isinstance(table, (str, os.PathLike)) else None,
-                       changelog=changelog_path, dead_letter=dead_letter)
+                       changelog=changelog_path, dead_letter=dead_letter,
+                       late_output=late_output)
     t0 = time.perf_counter()
 
     table_name = os.fspath(table) if isinstance(table, (str, os.PathLike)) else type(table).__name__
@@ -185,6 +192,7 @@ def run_to_sink(stream, table, *, checkpoint: Optional[str] = None,
     def handle(batch: pa.Table, batch_id: int, query_id: str) -> None:
         data, metrics = split_metrics(batch)
         report.add_metrics(metrics)
+        _handle_late(metrics, report, late_output, batch_id)
         # a change whose sink key is null cannot be applied: dead letter (or stop),
         # before anything of the batch is written
         data, rejects = split_null_keys(data, key, table_name)
@@ -276,6 +284,22 @@ def run_to_sink(stream, table, *, checkpoint: Optional[str] = None,
                 q.stop()
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def _handle_late(metrics: list[dict], report: RunReport, late_output: Optional[str],
+                 batch_id) -> None:
+    """Late rows of window operators (side-row channel) go to the late output,
+    counted; without a late output they are counted and warned about."""
+    from .late_output import late_records, write_late_rows
+    late = late_records(metrics)
+    if not late:
+        return
+    report.late_rows += len(late)
+    if late_output is not None:
+        write_late_rows(late, late_output, batch_id)
+    else:
+        report.warnings.append(f"{len(late)} late row(s) in batch {batch_id} and no late output "
+                               "directory (late_output=...): counted only")
 
 
 def collect_changes(stream) -> pd.DataFrame:

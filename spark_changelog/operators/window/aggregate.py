@@ -76,7 +76,7 @@ def ms_of(col: pd.Series) -> np.ndarray:
     """Epoch milliseconds of a timestamp column (tz-aware or naive UTC)."""
     if pd.api.types.is_integer_dtype(col.dtype):
         return col.to_numpy(dtype=np.int64)
-    values = col.dt.tz_convert("UTC").dt.tz_localize(None) if getattr(col.dt, "tz", None) else col
+    values = pd.to_datetime(col, utc=True).dt.tz_localize(None)
     return values.to_numpy(dtype="datetime64[ms]").astype(np.int64)
 
 
@@ -178,10 +178,16 @@ class WindowAggregate(KeyedOperator):
                 f"row: {rows.iloc[i].drop([KIND_COL]).to_dict()} (normalize or aggregate the "
                 f"changelog first)")
         wm = ctx.watermark_ms
+        no_time = rows[WINDOW_END].isna().to_numpy()
+        if no_time.any():
+            self._late(rows[no_time], ctx, "the event time is null: the row falls in no window")
+            rows = rows[~no_time]
         if wm is not None and len(rows):
             closed = self._fire_ms(rows) + self.allowed_lateness_ms <= wm
             if closed.any():
-                self._late(rows[closed], ctx)
+                self._late(rows[closed], ctx, "window closed: its end - 1 ms" + (
+                    " + allowed lateness" if self.allowed_lateness_ms else "")
+                    + " is at or before the watermark at the row's arrival")
                 rows = rows[~closed]
         ctx.metrics.add("rows_in", int((~bad).sum()))
         return self._step(state, rows, ctx)
@@ -190,19 +196,18 @@ class WindowAggregate(KeyedOperator):
                      ) -> tuple[pd.DataFrame, pd.DataFrame]:
         return self._step(state, rows=None, ctx=ctx)
 
-    def _late(self, rows: pd.DataFrame, ctx: OpContext) -> None:
+    def _late(self, rows: pd.DataFrame, ctx: OpContext, reason: str) -> None:
+        """Late rows go to the late output (side-row channel), counted."""
         ctx.metrics.add("late_rows", len(rows))
-        reason = ("window closed: its end - 1 ms" + (" + allowed lateness" if
-                                                    self.allowed_lateness_ms else "")
-                  + " is at or before the watermark at the row's arrival")
         data = rows.drop(columns=[KIND_COL, SEQ_COL, WINDOW_START, WINDOW_END])
-        starts, ends = ms_of(rows[WINDOW_START]), ms_of(rows[WINDOW_END])
+        bounds = [[None if pd.isna(v) else int(v.value // 1_000_000) for v in rows[c]]
+                  for c in (WINDOW_START, WINDOW_END)]
+        seqs = rows[SEQ_COL].tolist()
         for i, rec in enumerate(data.to_dict("records")):
             ctx.metrics.side("late", {
                 "operator": self.name, "row": {k: _plain(v) for k, v in rec.items()},
-                "window_start_ms": int(starts[i]), "window_end_ms": int(ends[i]),
-                "watermark_ms": int(ctx.watermark_ms), "seq": int(rows[SEQ_COL].iloc[i]),
-                "reason": reason})
+                "window_start_ms": bounds[0][i], "window_end_ms": bounds[1][i],
+                "watermark_ms": ctx.watermark_ms, "seq": int(seqs[i]), "reason": reason})
 
     def _step(self, state: pd.DataFrame, rows: Optional[pd.DataFrame], ctx: OpContext):
         key = list(self.key)
