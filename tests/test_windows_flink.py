@@ -104,7 +104,7 @@ def test_batch_end_of_input_fires_every_window_nothing_late():
     # no tick: the rows are judged with no watermark at all, like Flink's batch mode
     from spark_changelog.runtime.event_time import run_event_time_batch
     from spark_changelog.runtime.spark_keyed import utc_timestamps
-    projected, _ = assign_windows(whole, "rt", Tumble(60_000))
+    projected = assign_windows(whole, "rt", Tumble(60_000))
     out, _, ctx = run_event_time_batch(run.operator, run.stack, utc_timestamps(projected.to_pandas(), None),
                                        run.watermarks, None, run.spec, 0, 0, end_of_input=True)
     assert rows_of(out, False) == [
@@ -113,3 +113,26 @@ def test_batch_end_of_input_fires_every_window_nothing_late():
         ["+I", ["2021-01-15T20:46:00", "2021-01-15T20:47:00", 2, 2]],
         ["+I", ["2021-01-15T20:47:00", "2021-01-15T20:48:00", 2, 2]]]
     assert ctx.metrics.counters["late_rows"] == 0
+
+
+def test_session_windows_fire_after_the_same_arrival_as_flink():
+    """SESSION(gap 30 s) on the seed clicks.  Sessions merge per key; Flink's
+    global session is keyed here by a constant column ``g``."""
+    from spark_changelog.operators.window.aggregate import SessionWindowAggregate
+    from spark_changelog.operators.window.assigners import Session
+    case = CASES["W_seed_session"]
+    ts = pa.timestamp("us", tz="UTC")
+    schema = pa.schema([("g", pa.int64())] + list(SCHEMA)[:3] + [
+        pa.field("window_start", ts), pa.field("window_end", ts)] + list(SCHEMA)[3:])
+    op = SessionWindowAggregate(schema, ["g"], [AggCall("users", "count_distinct", "u"),
+                                                AggCall("clicks", "count")])
+    run = LocalEventTimeRunner(op, EventTimeSpec(BoundedOutOfOrderness("rt", BOUND_MS)),
+                               lambda t: assign_windows(t, "rt", Session(30_000)))
+    rows = case["inputs"]["T"]["rows"]
+    for i, (step, (_, (user, t_ms))) in enumerate(zip(case["expected_steps"], rows)):
+        b = batch(i, user, t_ms)
+        out = run.run_batch(b.add_column(0, "g", pa.array([1], pa.int64())), processing_time_ms=i)
+        assert rows_of(out, False) == step, (i, user)
+    assert rows_of(run.end_of_input(), False) == case["expected_after_end_of_input"]
+    # the late click: its own session [20:44:54, 20:45:24) closed at 20:46:44
+    assert [r["row"]["u"] for r in run.late_rows] == ["User5"]

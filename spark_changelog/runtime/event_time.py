@@ -85,7 +85,7 @@ class LocalEventTimeRunner:
     def __init__(self, operator: KeyedOperator, spec: EventTimeSpec, projection=None):
         self.operator = operator
         self.spec = spec
-        self.projection = projection      # Arrow table -> (projected table, rows without time)
+        self.projection = projection      # Arrow table -> projected Arrow table
         self.stack = RunStack(operator.key)
         self.watermarks = PartitionWatermarks.empty()
         self.next_seq = 0
@@ -98,7 +98,7 @@ class LocalEventTimeRunner:
         progress = batch_progress(rows, self.spec, partitions)
         projected = rows
         if self.projection is not None:
-            projected, _ = self.projection(rows)
+            projected = self.projection(rows)
         from ..runtime.spark_keyed import utc_timestamps
         pdf = utc_timestamps(projected.to_pandas(), None)
         out, self.watermarks, ctx = run_event_time_batch(

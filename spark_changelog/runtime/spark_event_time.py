@@ -69,15 +69,8 @@ def _project_and_summarise(spec: EventTimeSpec, column: str, assigner: Optional[
             if data.num_rows:
                 parts = data.column(PART_COL).to_pylist()
                 pieces.append(batch_progress(data, spec, parts))
-                if assigner is not None:
-                    projected, no_time = assign_windows(data, column, assigner)
-                    # rows without an event time reach the operator with a null
-                    # window: it puts them in the late output, counted
-                    if no_time.num_rows:
-                        projected = pa.concat_tables([projected, _with_null_windows(no_time,
-                                                                                    projected.schema)])
-                else:
-                    projected = data
+                projected = (assign_windows(data, column, assigner) if assigner is not None
+                             else data)
                 yield from _conform(projected, out_schema).to_batches()
             if side.any():
                 yield from _conform(t.filter(pa.array(side)), out_schema).to_batches()
@@ -104,13 +97,6 @@ def _project_and_summarise(spec: EventTimeSpec, column: str, assigner: Optional[
             yield from pa.table(cols, schema=out_schema).to_batches()
 
     return fn
-
-
-def _with_null_windows(table: pa.Table, schema: pa.Schema) -> pa.Table:
-    for name in ("window_start", "window_end"):
-        table = table.append_column(schema.field(name), pa.nulls(table.num_rows,
-                                                                 schema.field(name).type))
-    return table
 
 
 def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:

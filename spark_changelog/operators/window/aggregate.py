@@ -93,8 +93,10 @@ class WindowAggregate(KeyedOperator):
                  aggregates: Sequence[AggCall], *, allowed_lateness_ms: int = 0,
                  time_column: Optional[str] = None):
         keys = tuple(group_keys) + (WINDOW_START, WINDOW_END)
-        super().__init__(input_schema, keys)
+        super().__init__(input_schema, self._operator_key(tuple(group_keys)))
         self.group_keys = tuple(group_keys)
+        #: what identifies one window's state and result
+        self.window_key = keys
         self.aggregates = tuple(aggregates)
         self.allowed_lateness_ms = int(allowed_lateness_ms)
         self.time_column = time_column
@@ -123,6 +125,11 @@ class WindowAggregate(KeyedOperator):
         self._output_schema = pa.schema(out)
 
     @staticmethod
+    def _operator_key(group_keys: tuple) -> tuple:
+        """Each key is one window: the group keys and the window bounds."""
+        return group_keys + (WINDOW_START, WINDOW_END)
+
+    @staticmethod
     def _result_type(a: AggCall, schema: pa.Schema) -> pa.DataType:
         if a.func in ("count", "count_distinct"):
             return pa.int64()
@@ -141,7 +148,7 @@ class WindowAggregate(KeyedOperator):
 
     def describe(self) -> str:
         aggs = ", ".join(a.describe() for a in self.aggregates)
-        return (f"WindowAggregate(groupBy=[{', '.join(self.key)}], select=[{aggs}], "
+        return (f"{self.name}(groupBy=[{', '.join(self.window_key)}], select=[{aggs}], "
                 f"allowedLateness={self.allowed_lateness_ms} ms)")
 
     # -- timing -----------------------------------------------------------------
@@ -210,7 +217,7 @@ class WindowAggregate(KeyedOperator):
                 "watermark_ms": ctx.watermark_ms, "seq": int(seqs[i]), "reason": reason})
 
     def _step(self, state: pd.DataFrame, rows: Optional[pd.DataFrame], ctx: OpContext):
-        key = list(self.key)
+        key = list(self.window_key)
         vals = list(self.value_columns)
         wm = ctx.watermark_ms
         if rows is not None and len(rows):
@@ -262,7 +269,7 @@ class WindowAggregate(KeyedOperator):
     def _results(self, multiset: pd.DataFrame, kind: RowKind) -> pd.DataFrame:
         """One result row per window of ``multiset``, ordered by window end,
         start, then keys (the order the watermark reaches them)."""
-        key = list(self.key)
+        key = list(self.window_key)
         g = multiset.groupby(key, dropna=False, sort=False)
         res = g[COUNT_COL].sum().rename("__rows").reset_index()
         for a in self.aggregates:
@@ -312,6 +319,81 @@ class WindowAggregate(KeyedOperator):
         return out[list(self.output_schema.names)]
 
 
+class SessionWindowAggregate(WindowAggregate):
+    """GROUP BY keys over SESSION windows (docs/windows.md, "Sessions").
+
+    The operator's key is the group keys (they must not be empty); the
+    projection gave each row ``[t, t + gap)``.  Per key, a batch's rows and
+    the open sessions in state merge where they overlap or touch
+    (:func:`~.assigners.merge_sessions`); a merged session takes the union of
+    the multisets.  A session that had fired (allowed lateness) and grows is
+    retracted (``-D`` of its result: its bounds are part of the output key)
+    and fires again as a new window when the watermark reaches its new end.
+    A row is late when the session it would end up in is closed.
+    """
+
+    name = "SessionWindowAggregate"
+
+    @staticmethod
+    def _operator_key(group_keys: tuple) -> tuple:
+        if not group_keys:
+            raise ValueError("session windows need group keys (GROUP BY / by=[...]): sessions "
+                             "are merged per key")
+        return group_keys
+
+    def process(self, state, rows, ctx):
+        no_time = rows[WINDOW_END].isna().to_numpy()
+        kinds = rows[KIND_COL].to_numpy(dtype=np.int64)
+        if (kinds != RowKind.INSERT.value).any() or no_time.any():
+            return super().process(state, rows, ctx)   # errors and null times: one place
+        state, rows, retracted = self._merge(state, rows, ctx)
+        new_state, out = super().process(state, rows, ctx)
+        if len(retracted):
+            ctx.metrics.add("sessions_retracted", len(retracted))
+            out = pd.concat([retracted, out.drop(columns=SEQ_COL)], ignore_index=True)
+            out[SEQ_COL] = ctx.allocate_seq(len(out))
+            out = out[list(self.output_schema.names)]
+        return new_state, out
+
+    def _merge(self, state: pd.DataFrame, rows: pd.DataFrame, ctx: OpContext):
+        """Rewrite the window bounds of state and rows to the merged sessions
+        and return the ``-D`` rows of fired sessions that grew.  A row whose
+        merged session is closed is late (``process`` sends it to the late
+        output); such a session holds new rows only (state sessions are all
+        still open), so leaving them out changes no stored session."""
+        from .assigners import merge_sessions
+        gk = list(self.group_keys)
+        both = pd.concat([state[gk + [WINDOW_START, WINDOW_END]].assign(__src=0),
+                          rows[gk + [WINDOW_START, WINDOW_END]].assign(__src=1)],
+                         ignore_index=True)
+        start, end = ms_of(both[WINDOW_START]), ms_of(both[WINDOW_END])
+        from_rows = both["__src"].to_numpy() == 1
+        group = key_index(both, gk).factorize()[0]
+        sid = merge_sessions(np.asarray(group, dtype=np.int64), start, end)
+        new_start = pd.Series(start).groupby(sid).transform("min").to_numpy()
+        new_end = pd.Series(end).groupby(sid).transform("max").to_numpy()
+        ns, ne = new_start[~from_rows], new_end[~from_rows]
+        moved = (ns != start[~from_rows]) | (ne != end[~from_rows])
+        retracted = self.empty_output().drop(columns=SEQ_COL)
+        state = state.copy()
+        if moved.any():
+            grown = state[moved & state[FIRED_COL].to_numpy(dtype=bool)]
+            if len(grown):
+                retracted = self._results(grown, RowKind.DELETE)
+            state[WINDOW_START] = timestamps(ns).to_numpy()
+            state[WINDOW_END] = timestamps(ne).to_numpy()
+            # a grown session is a new window: not fired yet
+            state.loc[moved, FIRED_COL] = False
+            wk = list(self.window_key)
+            state = (state.groupby(wk + list(self.value_columns), dropna=False, sort=False)
+                     .agg(**{COUNT_COL: (COUNT_COL, "sum"), FIRED_COL: (FIRED_COL, "max")})
+                     .reset_index())
+        rows = rows.copy()
+        rows[WINDOW_START] = timestamps(new_start[from_rows]).to_numpy()
+        rows[WINDOW_END] = timestamps(new_end[from_rows]).to_numpy()
+        return state, rows, retracted
+
+
 def _same_rows(a: pd.DataFrame, b: pd.DataFrame) -> np.ndarray:
     """Row-wise equality of two aligned frames (nulls equal)."""
     eq = np.ones(len(a), dtype=bool)
@@ -331,4 +413,4 @@ def _plain(v):
     return v
 
 
-__all__ = ["WindowAggregate", "AggCall", "WINDOW_START", "WINDOW_END", "ms_of", "timestamps"]
+__all__ = ["WindowAggregate", "SessionWindowAggregate", "AggCall", "WINDOW_START", "WINDOW_END", "ms_of", "timestamps"]

@@ -211,17 +211,23 @@ def event_ms_of(column) -> np.ndarray:
 def assign_windows(table, column: str, assigner: WindowAssigner):
     """The window projection: ``table`` (Arrow) with each row repeated once
     per window it falls in, plus ``window_start``/``window_end`` (UTC
-    timestamps).  Rows whose event time is null fall in no window: they are
-    returned separately (second value) for the late/dead-letter output."""
+    timestamps).  A row whose event time is null falls in no window: it is
+    kept once, with null bounds, so the aggregate can send it to the late
+    output (counted) instead of losing it."""
     import pyarrow as pa
     from ...model.watermark import NO_WATERMARK
     ev = event_ms_of(table.column(column))
     has_time = ev != NO_WATERMARK
-    no_time = table.filter(pa.array(~has_time)) if not has_time.all() else table.slice(0, 0)
     keep = np.flatnonzero(has_time)
     row, start, end = assigner.assign(ev[keep])
-    out = table.take(pa.array(keep[row]))
     ts = pa.timestamp("us", tz="UTC")
-    out = out.append_column("window_start", pa.array(start * 1000, pa.int64()).cast(ts))
-    out = out.append_column("window_end", pa.array(end * 1000, pa.int64()).cast(ts))
-    return out, no_time
+    take = keep[row]
+    starts = pa.array(start * 1000, pa.int64()).cast(ts)
+    ends = pa.array(end * 1000, pa.int64()).cast(ts)
+    if not has_time.all():
+        lost = np.flatnonzero(~has_time)
+        take = np.concatenate([take, lost])
+        starts = pa.concat_arrays([starts, pa.nulls(len(lost), ts)])
+        ends = pa.concat_arrays([ends, pa.nulls(len(lost), ts)])
+    out = table.take(pa.array(take))
+    return out.append_column("window_start", starts).append_column("window_end", ends)
