@@ -11,6 +11,12 @@ window has fired.  Aggregates are evaluated over the multiset when a window
 fires, so count distinct, min and max need no extra structure, and a re-fire
 can retract the previous result by evaluating the multiset before the change.
 
+The aggregate functions are the shared retracting accumulators
+(:mod:`spark_changelog.operators.aggregate.accumulators`), fed with the
+multiset (a value's multiplicity as its sign), so windows and GROUP BY agree
+on every function and result type.  ``FIRST_VALUE``/``LAST_VALUE`` need
+arrival order, which a multiset does not keep: not offered here.
+
 Timing (the watermark in ``ctx.watermark_ms``):
 
 * a window fires (``+I`` of its result) once the watermark reaches
@@ -39,7 +45,9 @@ import pandas as pd
 import pyarrow as pa
 
 from ...model import KIND_COL, SEQ_COL, RowKind
+from ..aggregate.accumulators import Contributions, make_accumulator
 from ..base import KeyedOperator, OpContext
+from ..kernels import key_codes, rows_equal
 from ..keys import key_index
 
 WINDOW_START = "window_start"
@@ -47,7 +55,7 @@ WINDOW_END = "window_end"
 COUNT_COL = "_n"
 FIRED_COL = "_fired"
 
-_FUNCS = ("count", "count_distinct", "sum", "min", "max")
+_FUNCS = ("count", "count_distinct", "sum", "avg", "min", "max")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +117,9 @@ class WindowAggregate(KeyedOperator):
                                  f"{input_schema.names}")
             if a.column is not None and a.column not in cols and a.column not in keys:
                 cols.append(a.column)
+        #: the shared accumulators evaluating each aggregate over a multiset
+        self.accumulators = [make_accumulator(a.func, a.name, a.column, input_schema)
+                             for a in self.aggregates]
         names = [a.name for a in self.aggregates]
         clash = sorted({n for n in names if names.count(n) > 1 or n in keys})
         if clash:
@@ -119,8 +130,8 @@ class WindowAggregate(KeyedOperator):
             [input_schema.field(k) for k in keys] + [input_schema.field(c) for c in cols]
             + [pa.field(COUNT_COL, pa.int64()), pa.field(FIRED_COL, pa.bool_())])
         out = [input_schema.field(k) for k in keys]
-        for a in self.aggregates:
-            out.append(pa.field(a.name, self._result_type(a, input_schema)))
+        for acc in self.accumulators:
+            out.append(pa.field(acc.output, acc.result_type))
         out += [pa.field(KIND_COL, pa.int8()), pa.field(SEQ_COL, pa.int64())]
         self._output_schema = pa.schema(out)
 
@@ -128,15 +139,6 @@ class WindowAggregate(KeyedOperator):
     def _operator_key(group_keys: tuple) -> tuple:
         """Each key is one window: the group keys and the window bounds."""
         return group_keys + (WINDOW_START, WINDOW_END)
-
-    @staticmethod
-    def _result_type(a: AggCall, schema: pa.Schema) -> pa.DataType:
-        if a.func in ("count", "count_distinct"):
-            return pa.int64()
-        t = schema.field(a.column).type
-        if a.func == "sum" and pa.types.is_integer(t):
-            return pa.int64()
-        return t
 
     @property
     def state_schema(self) -> pa.Schema:
@@ -270,38 +272,24 @@ class WindowAggregate(KeyedOperator):
         """One result row per window of ``multiset``, ordered by window end,
         start, then keys (the order the watermark reaches them)."""
         key = list(self.window_key)
-        g = multiset.groupby(key, dropna=False, sort=False)
-        res = g[COUNT_COL].sum().rename("__rows").reset_index()
-        for a in self.aggregates:
-            res[a.name] = self._evaluate(a, multiset, key).to_numpy()
-        res = res.drop(columns="__rows")
+        codes, n = key_codes(multiset, key)
+        _, first = np.unique(codes, return_index=True)
+        res = multiset[key].take(first).reset_index(drop=True)
+        rows = Contributions(codes, multiset[COUNT_COL].to_numpy(dtype=np.int64),
+                             np.arange(len(multiset), dtype=np.int64),
+                             multiset.reset_index(drop=True), n)
+        for acc in self.accumulators:
+            res[acc.output] = acc.result(acc.update(acc.empty(n), rows), n)
         res[KIND_COL] = np.int8(kind.value)
         order = np.lexsort(tuple(res[c].to_numpy() for c in reversed(
             [WINDOW_END, WINDOW_START] + list(self.group_keys))))
         return res.take(order).reset_index(drop=True)
 
-    def _evaluate(self, a: AggCall, ms: pd.DataFrame, key) -> pd.Series:
-        g = ms.groupby(key, dropna=False, sort=False)
-        if a.column is None:
-            return g[COUNT_COL].sum()
-        col = ms[a.column]
-        present = col.notna()
-        if a.func == "count":
-            return ms[COUNT_COL].where(present, 0).groupby(
-                [ms[k] for k in key], dropna=False, sort=False).sum()
-        if a.func == "count_distinct":
-            return g[a.column].nunique(dropna=True)
-        if a.func == "sum":
-            weighted = col * ms[COUNT_COL]
-            return weighted.groupby([ms[k] for k in key], dropna=False, sort=False).sum(min_count=1)
-        if a.func == "min":
-            return g[a.column].min()
-        return g[a.column].max()
-
     def _refire(self, before: pd.DataFrame, after: pd.DataFrame) -> pd.DataFrame:
         old = self._results(before, RowKind.UPDATE_BEFORE)
         new = self._results(after, RowKind.UPDATE_AFTER)
-        changed = ~_same_rows(old.drop(columns=KIND_COL), new.drop(columns=KIND_COL))
+        cols = [c for c in old.columns if c != KIND_COL]
+        changed = ~rows_equal(old, new, cols)
         old, new = old[changed], new[changed]
         both = pd.concat([old, new], ignore_index=True)
         # -U then +U per window
@@ -392,15 +380,6 @@ class SessionWindowAggregate(WindowAggregate):
         rows[WINDOW_START] = timestamps(new_start[from_rows]).to_numpy()
         rows[WINDOW_END] = timestamps(new_end[from_rows]).to_numpy()
         return state, rows, retracted
-
-
-def _same_rows(a: pd.DataFrame, b: pd.DataFrame) -> np.ndarray:
-    """Row-wise equality of two aligned frames (nulls equal)."""
-    eq = np.ones(len(a), dtype=bool)
-    for c in a.columns:
-        x, y = a[c].to_numpy(), b[c].to_numpy()
-        eq &= (x == y) | (pd.isna(x) & pd.isna(y))
-    return eq
 
 
 def _plain(v):
