@@ -84,8 +84,13 @@ def ms_of(col: pd.Series) -> np.ndarray:
     """Epoch milliseconds of a timestamp column (tz-aware or naive UTC)."""
     if pd.api.types.is_integer_dtype(col.dtype):
         return col.to_numpy(dtype=np.int64)
-    values = pd.to_datetime(col, utc=True).dt.tz_localize(None)
-    return values.to_numpy(dtype="datetime64[ms]").astype(np.int64)
+    arr = col.array if pd.api.types.is_datetime64_any_dtype(col.dtype) else \
+        pd.to_datetime(col, utc=True).array
+    per_ms = {"s": None, "ms": 1, "us": 1000, "ns": 1_000_000}[arr.unit]
+    raw = arr.asi8
+    nat = raw == np.iinfo(np.int64).min
+    ms = raw * 1000 if per_ms is None else np.floor_divide(raw, per_ms)
+    return np.where(nat, np.iinfo(np.int64).min, ms)
 
 
 def timestamps(ms: np.ndarray) -> pd.Series:
@@ -233,11 +238,7 @@ class WindowAggregate(KeyedOperator):
         old = state
         if added is not None:
             both = pd.concat([old, added], ignore_index=True) if len(old) else added
-            new = (both.groupby(key + vals, dropna=False, sort=False)
-                   .agg(**{COUNT_COL: (COUNT_COL, "sum"), FIRED_COL: (FIRED_COL, "max")})
-                   .reset_index())
-            # a window has fired or not as a whole
-            new[FIRED_COL] = new.groupby(key, dropna=False, sort=False)[FIRED_COL].transform("max")
+            new = self._fold(both)
         else:
             new = old.reset_index(drop=True)
         out = []
@@ -266,6 +267,21 @@ class WindowAggregate(KeyedOperator):
                 new = new[~gone].reset_index(drop=True)
         output = self._concat_output(out, ctx)
         return new[list(self.state_schema.names)], output
+
+    def _fold(self, multiset: pd.DataFrame) -> pd.DataFrame:
+        """One row per window and value tuple (multiplicities summed); a
+        window has fired or not as a whole."""
+        cols = list(self.window_key) + list(self.value_columns)
+        codes, n = key_codes(multiset, cols)
+        _, first = np.unique(codes, return_index=True)
+        out = multiset[cols].take(first).reset_index(drop=True)
+        out[COUNT_COL] = np.bincount(codes, weights=multiset[COUNT_COL].to_numpy(np.float64),
+                                     minlength=n).astype(np.int64)
+        fired = np.bincount(codes, weights=multiset[FIRED_COL].to_numpy(dtype=bool),
+                            minlength=n) > 0
+        wcodes, wn = key_codes(out, list(self.window_key))
+        out[FIRED_COL] = (np.bincount(wcodes, weights=fired, minlength=wn) > 0)[wcodes]
+        return out
 
     # -- results ----------------------------------------------------------------------
     def _results(self, multiset: pd.DataFrame, kind: RowKind) -> pd.DataFrame:
@@ -372,10 +388,7 @@ class SessionWindowAggregate(WindowAggregate):
             state[WINDOW_END] = timestamps(ne).to_numpy()
             # a grown session is a new window: not fired yet
             state.loc[moved, FIRED_COL] = False
-            wk = list(self.window_key)
-            state = (state.groupby(wk + list(self.value_columns), dropna=False, sort=False)
-                     .agg(**{COUNT_COL: (COUNT_COL, "sum"), FIRED_COL: (FIRED_COL, "max")})
-                     .reset_index())
+            state = self._fold(state)
         rows = rows.copy()
         rows[WINDOW_START] = timestamps(new_start[from_rows]).to_numpy()
         rows[WINDOW_END] = timestamps(new_end[from_rows]).to_numpy()
