@@ -61,6 +61,16 @@ def test_partition_stops_and_resumes_idleness(spark, tmp_path):
     assert spark_fired(tmp_path / "log") == want_fired
     assert spark_late(tmp_path / "late") == want_late
     assert report.late_rows == 1
+    # metrics: the per-partition watermarks after the last batch, nobody idle
+    et = report.event_time
+    assert et["partitions"] == {"A": 200 * S - 1, "B": 150 * S - 1}
+    assert et["watermark_ms"] == 150 * S - 1 and et["idle_partitions"] == []
+    assert et["newest_event_ms"] - et["watermark_ms"] == 50 * S + 1      # the lag
+    # the plot of event time vs watermark vs arrival, from the late-output directory
+    from spark_changelog.cli import main
+    png = tmp_path / "wm.png"
+    assert main(["plot-watermarks", str(tmp_path / "late"), "-o", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_without_idleness_a_silent_partition_holds_the_watermark(spark, tmp_path):

@@ -34,6 +34,67 @@ def write_late_rows(records: list[dict], directory: str, batch_id: Optional[int]
     return path
 
 
+def write_event_time(record: dict, directory: str, batch_id: Optional[int]) -> str:
+    """The watermark state after a micro-batch (``event-<batch id>.json``)."""
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, f"event-{batch_id if batch_id is not None else 0:06d}.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(dict(record, batch=batch_id), f)
+    os.replace(path + ".tmp", path)
+    return path
+
+
+def read_event_time(directory: str) -> pd.DataFrame:
+    """Per micro-batch: batch time, watermark before and after, newest event."""
+    rows = []
+    if os.path.isdir(directory):
+        for name in sorted(os.listdir(directory)):
+            if name.startswith("event-") and name.endswith(".json"):
+                with open(os.path.join(directory, name)) as f:
+                    rows.append(json.load(f))
+    return pd.DataFrame(rows)
+
+
+def plot_event_time(directory: str, out_png: str) -> str:
+    """A PNG of event time (y) against arrival (x, batch time): the newest
+    event seen, the watermark after each micro-batch, and every late row at
+    its arrival, from what a run wrote to its late-output ``directory``."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.dates as mdates
+    import matplotlib.pyplot as plt
+
+    ev = read_event_time(directory)
+    if ev.empty:
+        raise ValueError(f"{directory}: no event-time records (event-*.json); write a window "
+                         "query with late_output=DIR first")
+    late = read_late_rows(directory)
+
+    def ts(ms):
+        return pd.to_datetime(pd.Series(ms, dtype="float64"), unit="ms", utc=True)
+
+    ev = ev.sort_values("batch")
+    fig, ax = plt.subplots(figsize=(9, 5))
+    x = ts(ev["batch_time_ms"])
+    ax.step(x, ts(ev["newest_event_ms"]), where="post", label="newest event time seen")
+    ax.step(x, ts(ev["watermark_ms"]), where="post", label="watermark (after the batch)")
+    if len(late) and "event_time_ms" in late:
+        arrival = ev.set_index("batch")["batch_time_ms"]
+        lx = ts(late["batch"].map(arrival))
+        ax.scatter(lx, ts(late["event_time_ms"]), marker="x", color="red",
+                   label=f"late rows ({len(late)})")
+    ax.set_xlabel("arrival (micro-batch time)")
+    ax.set_ylabel("event time")
+    ax.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M:%S"))
+    ax.yaxis.set_major_formatter(mdates.DateFormatter("%H:%M:%S"))
+    ax.legend(loc="upper left")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=110)
+    plt.close(fig)
+    return out_png
+
+
 def read_late_rows(directory: str) -> pd.DataFrame:
     """Every late row written to ``directory``, in batch order."""
     rows = []

@@ -54,6 +54,9 @@ class RunReport:
     state_rows: int = 0
     late_rows: int = 0              # window rows past their window (the late output)
     late_output: Optional[str] = None
+    #: the latest own-watermark state of event-time operators (windows):
+    #: watermark, per-partition watermarks, idle partitions, newest event
+    event_time: dict = dataclasses.field(default_factory=dict)
     watermark_ms: Optional[int] = None   # the latest event-time watermark an operator saw
     plan: str = ""   # the planner's explain text (ChangelogStream.write_upsert)
 
@@ -96,6 +99,12 @@ class RunReport:
         if self.late_rows:
             lines.append(f"late rows: {self.late_rows}" + (f" (late output: {self.late_output})"
                                                             if self.late_output else ""))
+        et = self.event_time
+        if et.get("watermark_ms") is not None:
+            lag = (f"   lag behind the newest event: {(et['newest_event_ms'] - et['watermark_ms']) / 1000:.3f} s"
+                   if et.get("newest_event_ms") is not None else "")
+            lines.append(f"window watermark: {_iso_ms(et['watermark_ms'])}{lag}   partitions: "
+                         f"{len(et.get('partitions', {}))}, idle: {et.get('idle_partitions', [])}")
         if c.get("null_sink_key"):
             lines.append(f"changes with a null sink key (dead letter): {c['null_sink_key']}")
         if self.table:
@@ -289,8 +298,15 @@ def run_to_sink(stream, table, *, checkpoint: Optional[str] = None,
 def _handle_late(metrics: list[dict], report: RunReport, late_output: Optional[str],
                  batch_id) -> None:
     """Late rows of window operators (side-row channel) go to the late output,
-    counted; without a late output they are counted and warned about."""
-    from .late_output import late_records, write_late_rows
+    counted; without a late output they are counted and warned about.  The
+    operators' watermark state goes to the report (and, per batch, next to the
+    late rows, for ``spark-changelog plot-watermarks``)."""
+    from .late_output import late_records, write_event_time, write_late_rows
+    progress = [m["event_time"] for m in metrics if m.get("event_time")]
+    if progress:
+        report.event_time = progress[-1]
+        if late_output is not None:
+            write_event_time(progress[-1], late_output, batch_id)
     late = late_records(metrics)
     if not late:
         return

@@ -31,6 +31,7 @@ import pandas as pd
 import pyarrow as pa
 
 from ..model import KIND_COL
+from ..model.watermark import NO_WATERMARK
 from ..model.partition_watermarks import (FILE_PARTITIONS, SINGLE_PARTITION, EventTimeSpec,
                                           PartitionWatermarks)
 from ..operators.base import KeyedOperator
@@ -148,12 +149,15 @@ class EventTimeKeyGroupProcessor(KeyGroupProcessor):
                  "watermark_ms": ctx.watermark_ms}
         if int(key[0]) == 0:
             # every key group holds the same watermarks: one reports them
-            extra["event_time"] = {"watermark_before_ms": before,
+            batch_max = None if progress is None else int(progress["progress"].max())
+            newest = max([p for p in [batch_max, *wms.table["progress"].tolist()]
+                          if p is not None and p != NO_WATERMARK], default=None)
+            extra["event_time"] = {"batch_time_ms": now, "watermark_before_ms": before,
                                    "watermark_ms": wms.combined_or_none,
                                    "partitions": wms.per_partition(),
                                    "idle_partitions": wms.idle_partitions(),
-                                   "max_progress_ms": (None if progress is None else
-                                                       int(progress["progress"].max()))}
+                                   "batch_max_event_ms": batch_max, "newest_event_ms": newest,
+                                   "late_rows": int(ctx.metrics.counters.get("late_rows", 0))}
         yield _with_metrics(out, op, ctx, extra)
 
 

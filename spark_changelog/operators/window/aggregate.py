@@ -217,9 +217,13 @@ class WindowAggregate(KeyedOperator):
         bounds = [[None if pd.isna(v) else int(v.value // 1_000_000) for v in rows[c]]
                   for c in (WINDOW_START, WINDOW_END)]
         seqs = rows[SEQ_COL].tolist()
+        times = (ms_of(rows[self.time_column]).tolist() if self.time_column in rows.columns
+                 else [None] * len(rows))
         for i, rec in enumerate(data.to_dict("records")):
             ctx.metrics.side("late", {
                 "operator": self.name, "row": {k: _plain(v) for k, v in rec.items()},
+                "event_time_ms": None if times[i] is None or times[i] == np.iinfo(np.int64).min
+                else int(times[i]),
                 "window_start_ms": bounds[0][i], "window_end_ms": bounds[1][i],
                 "watermark_ms": ctx.watermark_ms, "seq": int(seqs[i]), "reason": reason})
 
