@@ -44,7 +44,7 @@ def runner(name):
         pa.field("window_end", pa.timestamp("us", tz="UTC")))
     aggs = ([AggCall("clicks", "count")] if by_user else
             [AggCall("users", "count_distinct", "u"), AggCall("clicks", "count")])
-    op = WindowAggregate(projected, ["u"] if by_user else [], aggs)
+    op = WindowAggregate(projected, ["u"] if by_user else [], aggs, time_column="rt")
     spec = EventTimeSpec(BoundedOutOfOrderness("rt", BOUND_MS))
     assigner = ASSIGNERS[name]
     return LocalEventTimeRunner(op, spec, lambda t: assign_windows(t, "rt", assigner)), by_user
@@ -94,6 +94,7 @@ def test_seed_late_click_goes_to_the_late_output():
         ("User5", "20:44:54.000", "20:44:00.000", "20:45:00.000", "20:46:44.000")]
     assert run.metrics.counters["late_rows"] == 1
     assert "window closed" in late[0]["reason"]
+    assert hms(late[0]["event_time_ms"]) == "20:44:54.000"
 
 
 def test_batch_end_of_input_fires_every_window_nothing_late():

@@ -79,6 +79,8 @@ def plot_event_time(directory: str, out_png: str) -> str:
     ax.step(x, ts(ev["newest_event_ms"]), where="post", label="newest event time seen")
     ax.step(x, ts(ev["watermark_ms"]), where="post", label="watermark (after the batch)")
     if len(late) and "event_time_ms" in late:
+        late = late[late["event_time_ms"].notna()]
+    if len(late) and "event_time_ms" in late:
         arrival = ev.set_index("batch")["batch_time_ms"]
         lx = ts(late["batch"].map(arrival))
         ax.scatter(lx, ts(late["event_time_ms"]), marker="x", color="red",
