@@ -152,8 +152,9 @@ class ChangelogStream:
                idle_timeout: Optional[Duration] = None, allowed_lateness: Duration = 0
                ) -> "WindowedStream":
         """Event-time windows (docs/windows.md): ``window`` is
-        ``tumble("ts", "1 minute")``, ``hop("ts", slide, size)`` or
-        ``cumulate("ts", step, max_size)`` (``spark_changelog.operators.window``);
+        ``tumble("ts", "1 minute")``, ``hop("ts", slide, size)``,
+        ``cumulate("ts", step, max_size)`` or ``session("ts", gap)`` (needs
+        group keys) from ``spark_changelog.operators.window``;
         then ``.aggregate(by=[...], users="count(distinct u)", n="count(*)")``.
 
         ``watermark``: a generator (``BoundedOutOfOrderness``, ``Punctuated``,
@@ -428,7 +429,8 @@ class WindowedStream:
         ``"sum(col)"``, ``"min(col)"``, ``"max(col)"``.  The output is
         insert-only (``-U``/``+U`` re-fires with allowed lateness), keyed by
         the group keys and the window bounds."""
-        from .operators.window.aggregate import WINDOW_END, WINDOW_START, WindowAggregate
+        from .operators.window.aggregate import (WINDOW_END, WINDOW_START, SessionWindowAggregate,
+                                                 WindowAggregate)
         from .runtime.spark_event_time import apply_event_time
         s = self.stream
         if s.schema.mode is not ChangelogMode.INSERT_ONLY:
@@ -443,8 +445,9 @@ class WindowedStream:
         fields = [f for f in data_schema if f.name not in (KIND_COL, SEQ_COL)]
         projected = pa.schema(fields + [pa.field(WINDOW_START, ts), pa.field(WINDOW_END, ts),
                                         data_schema.field(KIND_COL), data_schema.field(SEQ_COL)])
-        op = WindowAggregate(projected, by, calls, allowed_lateness_ms=self.allowed_lateness_ms,
-                             time_column=self.column)
+        cls = SessionWindowAggregate if self.assigner.merging else WindowAggregate
+        op = cls(projected, by, calls, allowed_lateness_ms=self.allowed_lateness_ms,
+                 time_column=self.column)
         out = apply_event_time(s.df, op, self.spec, assigner=self.assigner, key_groups=key_groups)
         key = tuple(by) + (WINDOW_START, WINDOW_END)
         cols = key + tuple(c.name for c in calls)
