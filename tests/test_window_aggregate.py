@@ -184,3 +184,17 @@ def test_nothing_is_lost_streaming_plus_late_equals_batch(rows, cuts, bound_s, l
         w = (r["row"]["u"], r["window_start_ms"] // 1000)
         got[w] = got.get(w, 0) + 1
     assert got == want
+
+
+def test_progress_line():
+    import io
+    from spark_changelog.runtime.late_output import event_time_progress
+    from spark_changelog.runtime.pipeline import RunReport
+    r = RunReport(streaming=True, batches=2, changes_out=5, late_rows=1,
+                  counters={"rows_in": 1200},
+                  event_time={"watermark_ms": 60_000, "newest_event_ms": 70_500,
+                              "idle_partitions": ["B"]})
+    buf = io.StringIO()
+    event_time_progress(buf)(r)
+    assert buf.getvalue() == ("batch 2: rows in 1,200, out 5, watermark 1970-01-01T00:01:00+00:00 "
+                              "(lag 10.5 s), late rows 1, idle partitions 1\n")

@@ -107,3 +107,25 @@ def read_late_rows(directory: str) -> pd.DataFrame:
                 with open(os.path.join(directory, name)) as f:
                     rows += [dict(json.loads(line), batch=batch) for line in f if line.strip()]
     return pd.DataFrame(rows)
+
+
+def event_time_progress(out=None):
+    """A ``progress=`` callback for ``write_upsert`` that keeps one status line
+    up to date while a window query runs: micro-batches, rows in and out, the
+    window watermark and its lag, late rows, idle partitions."""
+    import sys
+    out = out or sys.stderr
+    tty = hasattr(out, "isatty") and out.isatty()
+
+    def show(report) -> None:
+        et = report.event_time
+        wm = et.get("watermark_ms")
+        wm_text = "-" if wm is None else pd.Timestamp(wm, unit="ms", tz="UTC").isoformat()
+        lag = ("" if wm is None or et.get("newest_event_ms") is None
+               else f" (lag {(et['newest_event_ms'] - wm) / 1000:.1f} s)")
+        line = (f"batch {report.batches}: rows in {report.rows_in:,}, out {report.changes_out:,}, "
+                f"watermark {wm_text}{lag}, late rows {report.late_rows:,}, idle partitions "
+                f"{len(et.get('idle_partitions', []))}")
+        out.write(("\r" + line + " " * 8) if tty else line + "\n")
+        out.flush()
+    return show
