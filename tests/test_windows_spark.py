@@ -73,14 +73,6 @@ def test_partition_stops_and_resumes_idleness(spark, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_without_idleness_a_silent_partition_holds_the_watermark(spark, tmp_path):
-    write_files(tmp_path / "in", IDLE_FILES[:2])
-    window_stream(spark, tmp_path / "in", True, idle_timeout=None).write_upsert(
-        str(tmp_path / "table"), changelog_path=str(tmp_path / "log"),
-        checkpoint=str(tmp_path / "ck"), late_output=str(tmp_path / "late"))
-    assert spark_fired(tmp_path / "log") == {}
-
-
 @pytest.mark.slow
 def test_kill_and_restart_fires_no_window_twice(tmp_path):
     """SIGKILL inside batch 2 (B's late click; its sinks written, Spark has not
