@@ -3,7 +3,7 @@
 Input: insert-only rows that went through a window projection
 (:mod:`.assigners`: TUMBLE, HOP, CUMULATE), so every row carries its
 ``window_start`` / ``window_end``.  The operator's key is the GROUP BY
-columns, window bounds included; each key is one window of one group.
+columns and the window end; each key is one window of one group.
 
 State per key: the *multiset* of the aggregated columns' values (one state
 row per distinct value tuple, with its multiplicity ``_n``) and whether the
@@ -131,8 +131,11 @@ class WindowAggregate(KeyedOperator):
             raise ValueError(f"{self.name}: output column name(s) {clash} used twice")
         #: the columns whose distinct value tuples the state keeps
         self.value_columns = tuple(cols)
+        # the state starts with the operator's key (runtime contract), then the
+        # rest of the window bounds
+        state_keys = list(self.key) + [k for k in keys if k not in self.key]
         self._state_schema = pa.schema(
-            [input_schema.field(k) for k in keys] + [input_schema.field(c) for c in cols]
+            [input_schema.field(k) for k in state_keys] + [input_schema.field(c) for c in cols]
             + [pa.field(COUNT_COL, pa.int64()), pa.field(FIRED_COL, pa.bool_())])
         out = [input_schema.field(k) for k in keys]
         for acc in self.accumulators:
@@ -142,8 +145,11 @@ class WindowAggregate(KeyedOperator):
 
     @staticmethod
     def _operator_key(group_keys: tuple) -> tuple:
-        """Each key is one window: the group keys and the window bounds."""
-        return group_keys + (WINDOW_START, WINDOW_END)
+        """Each key is one window: the group keys and the window end (TUMBLE,
+        HOP and CUMULATE windows of one group never share an end; one
+        timestamp column instead of both bounds keeps the runtime's key
+        handling on its fast single-column path when there are no group keys)."""
+        return group_keys + (WINDOW_END,)
 
     @property
     def state_schema(self) -> pa.Schema:
