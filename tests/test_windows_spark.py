@@ -5,6 +5,7 @@ judges no row late that was not late before.  The expected output is the local
 event-time runner on the same micro-batches."""
 from __future__ import annotations
 
+import pandas as pd
 import pytest
 
 from spark_changelog.sinks.delta import read_table
@@ -95,3 +96,17 @@ def test_kill_and_restart_fires_no_window_twice(tmp_path):
     assert spark_late(tmp_path / "late") == want_late
     assert table_rows(tmp_path / "table") == [("u1", 0, 1), ("u1", 60, 2), ("u2", 0, 1),
                                               ("u3", 60, 1)]
+
+
+def test_window_table_function_alone(spark):
+    """HOP as a projection (SELECT * FROM TABLE(HOP(...))): a row once per window."""
+    from spark_changelog.operators.window.assigners import Hop
+    from spark_changelog.runtime.spark_event_time import project_windows
+    df = spark.createDataFrame([("a", 61_000, 0, 1)], "u STRING, t BIGINT, _kind TINYINT, _seq BIGINT")
+    df = df.selectExpr("u", "timestamp_millis(t) AS rt", "_kind", "_seq")
+    out = project_windows(df, "rt", Hop(30_000, 60_000)).toPandas()
+    assert list(out.columns) == ["u", "rt", "window_start", "window_end", "_kind", "_seq"]
+    assert sorted((int(s.timestamp()), int(e.timestamp()))
+                  for s, e in zip(pd.to_datetime(out["window_start"], utc=True),
+                                  pd.to_datetime(out["window_end"], utc=True))) == [
+        (30, 90), (60, 120)]

@@ -161,6 +161,32 @@ class EventTimeKeyGroupProcessor(KeyGroupProcessor):
         yield _with_metrics(out, op, ctx, extra)
 
 
+def project_windows(df, column: str, assigner: WindowAssigner):
+    """The window table function alone (``SELECT * FROM TABLE(TUMBLE(...))``):
+    ``df`` with each row repeated per window and ``window_start``/``window_end``
+    added (one Arrow pass, the same arithmetic as the window aggregate's);
+    side rows pass with null bounds."""
+    from ..api import arrow_schema_of
+    in_schema = arrow_schema_of(df)
+    fields = list(in_schema)
+    ts = pa.timestamp("us", tz="UTC")
+    pos = [f.name for f in fields].index(KIND_COL)
+    fields[pos:pos] = [pa.field("window_start", ts), pa.field("window_end", ts)]
+    out_schema = pa.schema(fields)
+
+    def fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for rb in batches:
+            t = pa.Table.from_batches([rb])
+            side = t.column(KIND_COL).to_numpy(zero_copy_only=False) == METRICS_KIND
+            data = t.filter(pa.array(~side)) if side.any() else t
+            if data.num_rows:
+                yield from _conform(assign_windows(data, column, assigner), out_schema).to_batches()
+            if side.any():
+                yield from _conform(t.filter(pa.array(side)), out_schema).to_batches()
+
+    return df.mapInArrow(fn, spark_schema(out_schema))
+
+
 def apply_event_time(df, operator: KeyedOperator, spec: EventTimeSpec, *,
                      assigner: Optional[WindowAssigner] = None,
                      key_groups: int = DEFAULT_KEY_GROUPS, growth: float = 1.0,
@@ -226,4 +252,4 @@ def apply_event_time(df, operator: KeyedOperator, spec: EventTimeSpec, *,
     return grouped.applyInPandas(run_group, schema=out_schema)
 
 
-__all__ = ["apply_event_time", "EventTimeKeyGroupProcessor", "PROGRESS_KIND"]
+__all__ = ["apply_event_time", "project_windows", "EventTimeKeyGroupProcessor", "PROGRESS_KIND"]
