@@ -11,7 +11,7 @@ from spark_changelog.model import KIND_COL, SEQ_COL
 from spark_changelog.model.partition_watermarks import EventTimeSpec
 from spark_changelog.model.watermark import BoundedOutOfOrderness
 from spark_changelog.operators.window.aggregate import AggCall, SessionWindowAggregate, WindowAggregate
-from spark_changelog.operators.window.assigners import (Cumulate, Hop, Tumble, assign_windows,
+from spark_changelog.model.windows import (Cumulate, Hop, Tumble, assign_windows,
                                                         merge_sessions)
 from spark_changelog.runtime.event_time import LocalEventTimeRunner
 
@@ -78,7 +78,7 @@ def clicks_runner(lateness_ms=0, session=False):
     cls = SessionWindowAggregate if session else WindowAggregate
     op = cls(schema, ["u"], [AggCall("n", "count"), AggCall("first", "min", "rt")],
              allowed_lateness_ms=lateness_ms)
-    from spark_changelog.operators.window.assigners import Session
+    from spark_changelog.model.windows import Session
     assigner = Session(20_000) if session else Tumble(60_000)
     return LocalEventTimeRunner(op, EventTimeSpec(BoundedOutOfOrderness("rt", 0)),
                                 lambda t: assign_windows(t, "rt", assigner))
@@ -153,7 +153,7 @@ def test_nothing_is_lost_streaming_plus_late_equals_batch(rows, cuts, bound_s, l
     """Any micro-batching: the windows fired (last result per window) plus the
     late rows per window equal the batch result (end of input, nothing late),
     for HOP windows where one row lands in several windows."""
-    from spark_changelog.operators.window.assigners import Hop
+    from spark_changelog.model.windows import Hop
     schema = pa.schema([("u", pa.string()), ("rt", TS), ("window_start", TS), ("window_end", TS),
                         (KIND_COL, pa.int8()), (SEQ_COL, pa.int64())])
 

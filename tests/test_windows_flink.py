@@ -16,7 +16,7 @@ from spark_changelog.model import KIND_COL, SEQ_COL
 from spark_changelog.model.partition_watermarks import EventTimeSpec
 from spark_changelog.model.watermark import BoundedOutOfOrderness
 from spark_changelog.operators.window.aggregate import AggCall, WindowAggregate
-from spark_changelog.operators.window.assigners import Cumulate, Hop, Tumble, assign_windows
+from spark_changelog.model.windows import Cumulate, Hop, Tumble, assign_windows
 from spark_changelog.runtime.event_time import LocalEventTimeRunner
 
 CASES = {c["name"]: c for c in load_fixture("flink/windows.json")["cases"]}
@@ -120,7 +120,7 @@ def test_session_windows_fire_after_the_same_arrival_as_flink():
     """SESSION(gap 30 s) on the seed clicks.  Sessions merge per key; Flink's
     global session is keyed here by a constant column ``g``."""
     from spark_changelog.operators.window.aggregate import SessionWindowAggregate
-    from spark_changelog.operators.window.assigners import Session
+    from spark_changelog.model.windows import Session
     case = CASES["W_seed_session"]
     ts = pa.timestamp("us", tz="UTC")
     schema = pa.schema([("g", pa.int64())] + list(SCHEMA)[:3] + [

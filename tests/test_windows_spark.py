@@ -100,7 +100,7 @@ def test_kill_and_restart_fires_no_window_twice(tmp_path):
 
 def test_window_table_function_alone(spark):
     """HOP as a projection (SELECT * FROM TABLE(HOP(...))): a row once per window."""
-    from spark_changelog.operators.window.assigners import Hop
+    from spark_changelog.model.windows import Hop
     from spark_changelog.runtime.spark_event_time import project_windows
     df = spark.createDataFrame([("a", 61_000, 0, 1)], "u STRING, t BIGINT, _kind TINYINT, _seq BIGINT")
     df = df.selectExpr("u", "timestamp_millis(t) AS rt", "_kind", "_seq")

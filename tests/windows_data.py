@@ -12,7 +12,7 @@ from spark_changelog.model import KIND_COL, SEQ_COL
 from spark_changelog.model.partition_watermarks import EventTimeSpec
 from spark_changelog.model.watermark import BoundedOutOfOrderness
 from spark_changelog.operators.window.aggregate import AggCall, WindowAggregate
-from spark_changelog.operators.window.assigners import Tumble, assign_windows
+from spark_changelog.model.windows import Tumble, assign_windows
 from spark_changelog.runtime.event_time import LocalEventTimeRunner
 
 S = 1000

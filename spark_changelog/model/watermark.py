@@ -113,6 +113,10 @@ def _minus(progress: np.ndarray, delta: int) -> np.ndarray:
     return np.where(progress == NO_WATERMARK, NO_WATERMARK, progress - np.int64(delta))
 
 
+#: one day: ChangelogNormalize's default tombstone retention (docs/semantics.md, section 5)
+DAY_MS = 24 * 3600 * 1000
+
+
 @dataclasses.dataclass(frozen=True)
 class WatermarkStrategy(WatermarkGenerator):
     """Bounded out-of-orderness: ``W = max_event_time_seen - bound - 1 ms``.
@@ -193,4 +197,4 @@ class Punctuated(WatermarkGenerator):
 
 __all__ = ["WatermarkGenerator", "WatermarkStrategy", "BoundedOutOfOrderness",
            "MonotonousTimestamps", "Punctuated", "monotonous_timestamps", "duration_ms",
-           "END_OF_INPUT_MS", "NO_WATERMARK"]
+           "END_OF_INPUT_MS", "NO_WATERMARK", "DAY_MS"]

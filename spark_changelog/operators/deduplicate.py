@@ -379,7 +379,9 @@ class RowTimeKeepFirst(_Dedup):
             pool = pool[first_of_key(pool, key)].reset_index(drop=True)
         due = (pool[DUE_COL].to_numpy(np.int64) <= wm) if (wm is not None and len(pool)) \
             else np.zeros(len(pool), dtype=bool)
-        out = pool.loc[due, self.data_columns + [SEQ_COL]].reset_index(drop=True)
+        # emitted in event-time order, like Flink's timers (D8)
+        out = pool.loc[due, self.data_columns + [SEQ_COL, TIME_COL]]
+        out = out.sort_values(TIME_COL, kind="stable").drop(columns=TIME_COL).reset_index(drop=True)
         out[KIND_COL] = np.int8(RowKind.INSERT)
         out = out[self.output_schema.names]
         pool[EMITTED_COL] = due

@@ -162,3 +162,27 @@ def concat_frames(frames) -> pd.DataFrame:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         return pd.concat(nonempty, ignore_index=True)
+
+
+def fifo_survivors(slot: np.ndarray, delta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Queues of equal entries where an add (``delta`` +1) appends and a
+    retraction (-1) removes the *oldest* entry, or is ignored when the queue
+    is empty.  ``slot``: the queue of each position, positions sorted by slot
+    then time.  Returns ``(alive, ignored)``: the adds whose entry survives,
+    and the retractions that found nothing.
+
+    As removals always take the oldest, the survivors of a queue are its last
+    ``c`` adds, ``c`` its final length (:func:`clamped_count`)."""
+    n = len(slot)
+    if not n:
+        return np.zeros(0, dtype=bool), np.zeros(0, dtype=bool)
+    first, last = run_starts(slot), run_ends(slot)
+    delta = np.asarray(delta, dtype=np.int64)
+    count = clamped_count(np.zeros(n, dtype=np.int64), delta, first)
+    before = np.where(first, 0, np.r_[0, count[:-1]])
+    ignored = (delta < 0) & (before == 0)
+    run = np.cumsum(first) - 1
+    final = count[last]
+    is_add = delta > 0
+    adds_to_end = grouped_cumsum(is_add[::-1].astype(np.int64), last[::-1])[::-1]
+    return is_add & (adds_to_end <= final[run]), ignored

@@ -29,7 +29,7 @@ from ..model.watermark import END_OF_INPUT_MS
 from ..model.partition_watermarks import (FILE_PARTITIONS, SINGLE_PARTITION, EventTimeSpec,
                                           PartitionWatermarks, advance, summarize)
 from ..operators.base import KeyedOperator, Metrics, OpContext
-from ..operators.window.assigners import event_ms_of
+from ..model.windows import event_ms_of
 from .keygroup import fire_watermark, process_key_group
 from .state_runs import RunStack, concat_rows
 

@@ -6,7 +6,7 @@ watermarks, idleness or punctuated generators.  So the window aggregate does
 not use Spark's watermark at all (``timeMode="None"``, no timers):
 
 1. one Arrow pass over the input (``mapInArrow``) assigns windows (the
-   projection of :mod:`~spark_changelog.operators.window.assigners`) and
+   projection of :mod:`~spark_changelog.model.windows`) and
    summarises, per Spark partition, the progress each *source* partition's
    rows prove; the summary rows (``_kind = -2``) are copied to every key
    group, like Flink broadcasting watermarks to every downstream channel;
@@ -31,16 +31,16 @@ import pandas as pd
 import pyarrow as pa
 
 from ..model import KIND_COL
-from ..model.watermark import NO_WATERMARK
 from ..model.partition_watermarks import (FILE_PARTITIONS, SINGLE_PARTITION, EventTimeSpec,
                                           PartitionWatermarks)
+from ..model.watermark import NO_WATERMARK
+from ..model.windows import WindowAssigner, assign_windows
 from ..operators.base import KeyedOperator
-from ..operators.window.assigners import WindowAssigner, assign_windows
 from .event_time import batch_progress, run_event_time_batch
-from .spark_keyed import (DEFAULT_KEY_GROUPS, KEY_GROUP_COL, METRICS_COL, METRICS_GROUP,
-                          METRICS_KIND, KeyGroupProcessor, _input_frame, _with_metrics,
-                          output_schema_with_metrics, spark_schema, split_upstream_metrics,
-                          utc_timestamps)
+from .spark_keyed import (DEFAULT_KEY_GROUPS, KEY_GROUP_COL, METRICS_GROUP, METRICS_KIND,
+                          KeyGroupProcessor, _arrow_input, _arrow_output, _input_frame,
+                          _with_metrics, arrow_schema_of, output_schema_with_metrics,
+                          spark_schema, split_upstream_metrics)
 
 #: ``_kind`` of a watermark summary row (never leaves the operator)
 PROGRESS_KIND = -2
@@ -158,7 +158,7 @@ class EventTimeKeyGroupProcessor(KeyGroupProcessor):
                                    "idle_partitions": wms.idle_partitions(),
                                    "batch_max_event_ms": batch_max, "newest_event_ms": newest,
                                    "late_rows": int(ctx.metrics.counters.get("late_rows", 0))}
-        yield _with_metrics(out, op, ctx, extra)
+        yield from _with_metrics(out, op, ctx, extra)
 
 
 def project_windows(df, column: str, assigner: WindowAssigner):
@@ -166,7 +166,6 @@ def project_windows(df, column: str, assigner: WindowAssigner):
     ``df`` with each row repeated per window and ``window_start``/``window_end``
     added (one Arrow pass, the same arithmetic as the window aggregate's);
     side rows pass with null bounds."""
-    from ..api import arrow_schema_of
     in_schema = arrow_schema_of(df)
     fields = list(in_schema)
     ts = pa.timestamp("us", tz="UTC")
@@ -195,7 +194,6 @@ def apply_event_time(df, operator: KeyedOperator, spec: EventTimeSpec, *,
     the window projection (``assigner`` on ``spec.column``) and the operator,
     streaming with our own watermarks, or batch with the end of input."""
     from pyspark.sql import functions as F
-    from ..api import arrow_schema_of
     if spec.partition is None:
         part = F.lit(SINGLE_PARTITION)
     elif spec.partition == FILE_PARTITIONS:
@@ -232,24 +230,23 @@ def apply_event_time(df, operator: KeyedOperator, spec: EventTimeSpec, *,
             timeMode="None")
 
     from .state_runs import RunStack
+    columns = keyed.columns
 
-    def run_group(pdf: pd.DataFrame) -> pd.DataFrame:
-        pdf = utc_timestamps(pdf.drop(columns=[KEY_GROUP_COL], errors="ignore"), time_zone)
-        pdf, passed = split_upstream_metrics(pdf, operator)
+    def run_group(table: pa.Table) -> pa.Table:
+        pdf, passed = split_upstream_metrics(_arrow_input(table, columns, time_zone), operator)
         kinds = pdf[KIND_COL].to_numpy(dtype=np.int64) if len(pdf) else np.zeros(0)
         data = pdf[kinds != PROGRESS_KIND].drop(columns=list(_HELPERS)).reset_index(drop=True)
         if data.empty:
-            return passed if passed is not None else operator.empty_output().assign(
-                **{METRICS_COL: pd.Series([], dtype=object)})
+            return _arrow_output(None, passed, operator, None)
         # a bounded input: every row arrives before any watermark, then the end
         # of input fires every window (Flink's batch mode): nothing is late
         out, _, ctx = run_event_time_batch(operator, RunStack(operator.key), data,
                                            PartitionWatermarks.empty(), None, spec, 0, 0,
                                            end_of_input=True)
-        res = _with_metrics(out, operator, ctx, {"state_rows": 0, "watermark_ms": ctx.watermark_ms})
-        return res if passed is None else pd.concat([passed, res], ignore_index=True)
+        return _arrow_output(out, passed, operator, ctx,
+                             {"state_rows": 0, "watermark_ms": ctx.watermark_ms})
 
-    return grouped.applyInPandas(run_group, schema=out_schema)
+    return grouped.applyInArrow(run_group, schema=out_schema)
 
 
 __all__ = ["apply_event_time", "project_windows", "EventTimeKeyGroupProcessor", "PROGRESS_KIND"]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import collections
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pytest
 from hypothesis import given, settings, strategies as st

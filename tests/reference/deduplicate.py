@@ -93,7 +93,7 @@ class RefRowTimeKeepFirst:
         if watermark is None:
             return []
         out = []
-        for k in sorted(self.cand):
+        for k in sorted(self.cand, key=lambda k: self.cand[k][0][self.time]):
             if self.cand[k][1] <= watermark:
                 out.append(("+I", self.cand.pop(k)[0]))
                 self.emitted.add(k)

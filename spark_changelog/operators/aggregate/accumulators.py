@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from ..kernels import clamped_count, factorize_rows, group_sum, run_ends, run_starts
+from ..kernels import factorize_rows, fifo_survivors, group_sum, run_ends, run_starts
 
 GROUP = "_group"   # entries: the group index a value belongs to
 
@@ -328,10 +328,8 @@ class _OrderedValues(Accumulator):
     removes the oldest present entry with an equal value (Flink's
     ``FirstValueWithRetractAggFunction``) and is ignored if there is none.
 
-    Vectorized: per (group, value) the entries form a FIFO queue; its length
-    follows ``c = max(0, c + d)`` (:func:`~..kernels.clamped_count`), and as
-    removals always take the oldest, the survivors are the queue's last ``c``
-    entries."""
+    Vectorized: per (group, value) the entries form a FIFO queue
+    (:func:`~..kernels.fifo_survivors`)."""
 
     pick_last = False
 
@@ -365,15 +363,7 @@ class _OrderedValues(Accumulator):
         perm = np.lexsort((frame["_pos"].to_numpy(), slot))
         frame = frame.take(perm).reset_index(drop=True)
         slot = slot[perm]
-        first = run_starts(slot)
-        d = frame["_d"].to_numpy()
-        count = clamped_count(np.zeros(len(d), dtype=np.int64), d, first)
-        final = count[run_ends(slot)]
-        run = np.cumsum(first) - 1
-        is_add = d > 0
-        adds_from_end = (np.cumsum(is_add[::-1].astype(np.int64))[::-1]
-                         - _run_total_after(is_add, run))
-        alive = is_add & (adds_from_end <= final[run])
+        alive, _ = fifo_survivors(slot, frame["_d"].to_numpy())
         out = frame.loc[alive, [GROUP, v, o]].reset_index(drop=True)
         return AccState({}, out)
 
@@ -390,15 +380,6 @@ class _OrderedValues(Accumulator):
             valid[g[pick]] = True
             out[g[pick]] = e[self.field("value")].to_numpy(dtype=object)[pick]
         return nullable_result(out, valid, self.result_type)
-
-
-def _run_total_after(flag: np.ndarray, run: np.ndarray) -> np.ndarray:
-    """For each position, the number of ``flag`` positions in later runs, so
-    that a reversed cumsum minus this counts positions from here to the end
-    of its own run."""
-    per_run = np.bincount(run, weights=flag, minlength=int(run.max()) + 1 if len(run) else 0)
-    later = np.concatenate([np.cumsum(per_run[::-1])[::-1][1:], [0]])
-    return later[run].astype(np.int64)
 
 
 class FirstValue(_OrderedValues):

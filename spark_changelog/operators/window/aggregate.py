@@ -1,7 +1,7 @@
 """The window aggregate (docs/windows.md, "Window aggregate").
 
 Input: insert-only rows that went through a window projection
-(:mod:`.assigners`: TUMBLE, HOP, CUMULATE), so every row carries its
+(:mod:`spark_changelog.model.windows`: TUMBLE, HOP, CUMULATE), so every row carries its
 ``window_start`` / ``window_end``.  The operator's key is the GROUP BY
 columns and the window end; each key is one window of one group.
 
@@ -339,7 +339,7 @@ class SessionWindowAggregate(WindowAggregate):
     The operator's key is the group keys (they must not be empty); the
     projection gave each row ``[t, t + gap)``.  Per key, a batch's rows and
     the open sessions in state merge where they overlap or touch
-    (:func:`~.assigners.merge_sessions`); a merged session takes the union of
+    (:func:`~spark_changelog.model.windows.merge_sessions`); a merged session takes the union of
     the multisets.  A session that had fired (allowed lateness) and grows is
     retracted (``-D`` of its result: its bounds are part of the output key)
     and fires again as a new window when the watermark reaches its new end.
@@ -375,7 +375,7 @@ class SessionWindowAggregate(WindowAggregate):
         merged session is closed is late (``process`` sends it to the late
         output); such a session holds new rows only (state sessions are all
         still open), so leaving them out changes no stored session."""
-        from .assigners import merge_sessions
+        from ...model.windows import merge_sessions
         gk = list(self.group_keys)
         both = pd.concat([state[gk + [WINDOW_START, WINDOW_END]].assign(__src=0),
                           rows[gk + [WINDOW_START, WINDOW_END]].assign(__src=1)],

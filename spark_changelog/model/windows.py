@@ -16,7 +16,7 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
-from ...model.watermark import Duration, duration_ms
+from .watermark import Duration, duration_ms
 
 
 def _floor(t: np.ndarray, size: int, offset: int) -> np.ndarray:
@@ -192,7 +192,7 @@ def event_ms_of(column) -> np.ndarray:
     become ``NO_WATERMARK``."""
     import pyarrow as pa
     import pyarrow.compute as pc
-    from ...model.watermark import NO_WATERMARK
+    from .watermark import NO_WATERMARK
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
     t = column.type
@@ -215,7 +215,7 @@ def assign_windows(table, column: str, assigner: WindowAssigner):
     kept once, with null bounds, so the aggregate can send it to the late
     output (counted) instead of losing it."""
     import pyarrow as pa
-    from ...model.watermark import NO_WATERMARK
+    from .watermark import NO_WATERMARK
     ev = event_ms_of(table.column(column))
     has_time = ev != NO_WATERMARK
     keep = np.flatnonzero(has_time)
