@@ -236,8 +236,9 @@ def apply_event_time(df, operator: KeyedOperator, spec: EventTimeSpec, *,
         pdf, passed = split_upstream_metrics(_arrow_input(table, columns, time_zone), operator)
         kinds = pdf[KIND_COL].to_numpy(dtype=np.int64) if len(pdf) else np.zeros(0)
         data = pdf[kinds != PROGRESS_KIND].drop(columns=list(_HELPERS)).reset_index(drop=True)
-        if data.empty:
-            return _arrow_output(None, passed, operator, None)
+        if data.empty:   # only summary rows (every key group gets them) or side rows
+            return (_arrow_output(None, passed, operator, None) if passed is not None
+                    else output_schema_with_metrics(operator).empty_table())
         # a bounded input: every row arrives before any watermark, then the end
         # of input fires every window (Flink's batch mode): nothing is late
         out, _, ctx = run_event_time_batch(operator, RunStack(operator.key), data,
