@@ -46,6 +46,9 @@ def test_streaming_equals_batch_tumbling_count(spark, tmp_path):
     # streaming fired everything the watermark passed: all but u9's open window
     assert table_rows(tmp_path / "stream" / "table") == table_rows(tmp_path / "batch" / "table")[:-1]
     assert reports["stream"].late_rows == reports["batch"].late_rows == 0
+    # explain: the window, its watermark and its lateness
+    assert "WindowAggregate(groupBy=[u], window=[TUMBLE(size=1 min)]" in reports["stream"].plan
+    assert "watermark=[rt - 20000 ms, per p, no idleness]" in reports["stream"].plan
 
 
 def test_partition_stops_and_resumes_idleness(spark, tmp_path):
