@@ -25,7 +25,7 @@ import abc
 import dataclasses
 import datetime
 import re
-from typing import Optional, Union
+from typing import Union
 
 import numpy as np
 
@@ -96,10 +96,6 @@ class WatermarkGenerator(abc.ABC):
     def on_periodic_emit(self, progress: np.ndarray, processing_time_ms: int) -> np.ndarray:
         """Watermark per partition (``int64``) from its progress; must map
         ``NO_WATERMARK`` to ``NO_WATERMARK``."""
-
-    def columns_needed(self) -> tuple:
-        """Input columns :meth:`on_events` reads besides the event time."""
-        return ()
 
     def describe(self) -> str:
         return type(self).__name__
@@ -187,9 +183,6 @@ class Punctuated(WatermarkGenerator):
 
     def on_periodic_emit(self, progress: np.ndarray, processing_time_ms: int = 0) -> np.ndarray:
         return _minus(progress, self.bound_ms)
-
-    def columns_needed(self) -> tuple:
-        return (self.marker,)
 
     def describe(self) -> str:
         return f"{self.column} at rows where {self.marker} (punctuated, - {self.bound_ms} ms)"

@@ -21,15 +21,14 @@ from __future__ import annotations
 import time
 from typing import Optional, Sequence
 
-import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from ..model.watermark import END_OF_INPUT_MS
 from ..model.partition_watermarks import (FILE_PARTITIONS, SINGLE_PARTITION, EventTimeSpec,
                                           PartitionWatermarks, advance, summarize)
-from ..operators.base import KeyedOperator, Metrics, OpContext
+from ..model.watermark import END_OF_INPUT_MS
 from ..model.windows import event_ms_of
+from ..operators.base import KeyedOperator, Metrics, OpContext
 from .keygroup import fire_watermark, process_key_group
 from .state_runs import RunStack, concat_rows
 
@@ -90,7 +89,6 @@ class LocalEventTimeRunner:
         self.watermarks = PartitionWatermarks.empty()
         self.next_seq = 0
         self.metrics = Metrics()
-        self.watermark_history: list = []
 
     def run_batch(self, rows: pa.Table, processing_time_ms: Optional[int] = None,
                   partitions: Optional[Sequence] = None) -> pd.DataFrame:
@@ -106,7 +104,6 @@ class LocalEventTimeRunner:
             self.next_seq)
         self.next_seq = ctx.next_seq
         self.metrics.merge(ctx.metrics)
-        self.watermark_history.append(self.watermarks.combined_or_none)
         return out.reset_index(drop=True)
 
     def end_of_input(self) -> pd.DataFrame:
