@@ -102,14 +102,18 @@ def test_kill_and_restart_fires_no_window_twice(tmp_path):
 
 
 def test_window_table_function_alone(spark):
-    """HOP as a projection (SELECT * FROM TABLE(HOP(...))): a row once per window."""
-    from spark_changelog.model.windows import Hop
-    from spark_changelog.runtime.spark_event_time import project_windows
+    """HOP as a projection (SELECT * FROM TABLE(HOP(...))), through the plan:
+    a row once per window."""
+    from spark_changelog.api import ChangelogStream
+    from spark_changelog.model import ChangelogMode
+    from spark_changelog.model.windows import hop
     df = spark.createDataFrame([("a", 61_000, 0, 1)], "u STRING, t BIGINT, _kind TINYINT, _seq BIGINT")
-    df = df.selectExpr("u", "timestamp_millis(t) AS rt", "_kind", "_seq")
-    out = project_windows(df, "rt", Hop(30_000, 60_000)).toPandas()
-    assert list(out.columns) == ["u", "rt", "window_start", "window_end", "_kind", "_seq"]
-    assert sorted((int(s.timestamp()), int(e.timestamp()))
-                  for s, e in zip(pd.to_datetime(out["window_start"], utc=True),
+    s = (ChangelogStream.from_dataframe(df, mode=ChangelogMode.INSERT_ONLY)
+         .with_column("rt", "timestamp_millis(t)").with_watermark("rt", 0)
+         .window(hop("rt", "30 s", "1 min")).select())
+    assert s.traits.columns == ("u", "t", "rt", "window_start", "window_end")
+    out = s.collect()
+    assert sorted((int(a.timestamp()), int(b.timestamp()))
+                  for a, b in zip(pd.to_datetime(out["window_start"], utc=True),
                                   pd.to_datetime(out["window_end"], utc=True))) == [
         (30, 90), (60, 120)]
