@@ -30,14 +30,14 @@ from .plan.expressions import ExpressionError, parse, project_item, to_spark_sql
 from .plan.execute import PlanWarning, run_sink
 from .plan.lower import Lowered, column_sql, lower, spark_types
 from .plan.nodes import (Filter, Join, Node, Normalize, Project, ProjectItem, Sink, Source,
-                         WatermarkAssigner, source_leaves)
+                         WatermarkAssigner, WindowAggregate, WindowTableFunction, source_leaves)
 from .plan.rules import PlanError, optimize, plan_sink
 from .runtime.spark_keyed import DEFAULT_KEY_GROUPS
 
 JoinOn = Union[str, Sequence[Union[str, tuple]], dict, None]
 
 #: nodes that keep state: the event time must be declared below them
-_STATEFUL = {Normalize: "ChangelogNormalize", Join: "Join"}
+_STATEFUL = {Normalize: "ChangelogNormalize", Join: "Join", WindowAggregate: "WindowAggregate"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,6 +163,39 @@ class ChangelogStream:
                 f"TIMESTAMP. For epoch milliseconds add one first: "
                 f".with_column('{column}_ts', 'timestamp_millis({column})')")
         return self._derive(WatermarkAssigner(self.node, column, duration_ms(bound)))
+
+    def window(self, window, *, watermark=None, partition: Optional[str] = None,
+               idle_timeout: Optional[Duration] = None, allowed_lateness: Duration = 0
+               ) -> "WindowedStream":
+        """Event-time windows (docs/windows.md): ``window`` is
+        ``tumble("ts", "1 minute")``, ``hop("ts", slide, size)``,
+        ``cumulate("ts", step, max_size)`` or ``session("ts", gap)`` (needs
+        group keys) from ``spark_changelog.operators.window``;
+        then ``.aggregate(by=[...], users="count(distinct u)", n="count(*)")``.
+
+        ``watermark``: a generator (``BoundedOutOfOrderness``, ``Punctuated``,
+        your own ``WatermarkGenerator``); default: the stream's
+        ``with_watermark``.  ``partition``: a column whose values are source
+        partitions with their own watermarks (combined by minimum), or
+        ``"<file>"`` for one per input file.  ``idle_timeout``: a partition
+        without rows that long leaves the minimum.  ``allowed_lateness``: a
+        fired window stays open that long and re-fires as ``-U``/``+U``.
+        """
+        column, assigner = window
+        t = self.traits
+        if column not in t.columns:
+            raise ValueError(f"window: column {column!r} not among {list(t.columns)}")
+        if t.mode is not ChangelogMode.INSERT_ONLY:
+            raise PlanError(f"window: needs an insert-only input; this stream is {t.mode.value} "
+                            "(deduplicate or aggregate it first)")
+        if watermark is None and t.watermark is None:
+            raise PlanError("window: the stream has no watermark; call with_watermark(column, "
+                            "bound) first or pass watermark=BoundedOutOfOrderness(column, bound)")
+        if partition is not None and partition != "<file>" and partition not in t.columns:
+            raise ValueError(f"window: partition column {partition!r} not among {list(t.columns)}")
+        tvf = WindowTableFunction(self.node, column, assigner, watermark, partition,
+                                  None if idle_timeout is None else duration_ms(idle_timeout))
+        return WindowedStream(self, tvf, duration_ms(allowed_lateness))
 
     # -- projection -----------------------------------------------------------
     def select(self, *cols, **named) -> "ChangelogStream":
@@ -300,7 +333,7 @@ class ChangelogStream:
                      materialize: str = "auto", conflict: Optional[str] = None,
                      require_on_conflict: bool = False,
                      materializer_ttl_ms: Optional[int] = None,
-                     key_groups: int = DEFAULT_KEY_GROUPS):
+                     key_groups: int = DEFAULT_KEY_GROUPS, late_output: Optional[str] = None):
         """Write the stream to an upsert table (a Delta path or an ``UpsertSink``);
         see :func:`spark_changelog.runtime.pipeline.run_to_sink`.
 
@@ -314,6 +347,8 @@ class ChangelogStream:
         ``conflict`` is required where a materializer is needed).  The report's
         ``plan`` holds the explain text, its ``warnings`` the plan warnings.
         Bad input of every source leaf goes to ``dead_letter``.
+        ``late_output``: a directory for the late rows of window operators
+        (JSON lines per micro-batch, docs/windows.md).
         """
         name = os.fspath(table) if isinstance(table, (str, os.PathLike)) else type(table).__name__
         sink = self.plan_sink(key, materialize=materialize, conflict=conflict,
@@ -321,7 +356,7 @@ class ChangelogStream:
                               materializer_ttl_ms=materializer_ttl_ms, key_groups=key_groups)
         return run_sink(sink, table, checkpoint=checkpoint, changelog_path=changelog_path,
                         changelog_format=changelog_format, dead_letter=dead_letter, strict=strict,
-                        progress=progress, warn_stacklevel=3)
+                        progress=progress, late_output=late_output, warn_stacklevel=3)
 
     def collect(self):
         """A bounded stream's emitted changelog as pandas (data rows, in ``_seq`` order)."""
@@ -353,6 +388,63 @@ def _stateful_below(node: Node) -> list[str]:
             out.append(name)
     walk(node)
     return out
+
+
+@dataclasses.dataclass(frozen=True)
+class WindowedStream:
+    """A stream with a window table function, waiting for its aggregation."""
+
+    stream: ChangelogStream
+    tvf: WindowTableFunction
+    allowed_lateness_ms: int = 0
+
+    def aggregate(self, by: Union[str, Sequence[str], None] = None, *,
+                  key_groups: int = DEFAULT_KEY_GROUPS, **aggregates) -> ChangelogStream:
+        """GROUP BY ``by`` + window_start + window_end; ``aggregates``:
+        ``name="count(*)"``, ``"count(col)"``, ``"count(distinct col)"``,
+        ``"sum(col)"``, ``"avg(col)"``, ``"min(col)"``, ``"max(col)"``.  The
+        output is insert-only (``-U``/``+U`` re-fires with allowed lateness),
+        keyed by the group keys and the window bounds; late rows go to
+        ``write_upsert(late_output=...)``."""
+        if not aggregates:
+            raise ValueError("aggregate: name at least one aggregate, e.g. n='count(*)'")
+        by = as_key(by)
+        cols = self.stream.traits.columns
+        missing = [c for c in by if c not in cols]
+        if missing:
+            raise ValueError(f"aggregate: group key(s) {missing} not among {list(cols)}")
+        if self.tvf.window.merging and not by:
+            raise PlanError("session windows need group keys (by=[...]): sessions merge per key")
+        calls = tuple(_agg_call(name, text, cols) for name, text in aggregates.items())
+        return self.stream._derive(WindowAggregate(self.tvf, by, calls, self.allowed_lateness_ms,
+                                                   key_groups))
+
+    def select(self) -> ChangelogStream:
+        """The window table function alone: every row once per window, with
+        ``window_start``/``window_end``."""
+        return self.stream._derive(self.tvf)
+
+
+def _agg_call(name: str, text: str, columns) -> tuple:
+    import re
+    m = re.fullmatch(r"\s*(\w+)\s*\(\s*(distinct\s+)?([\w*]+)\s*\)\s*", str(text), re.I)
+    if not m:
+        raise ValueError(f"aggregate {name}={text!r}: write e.g. 'count(*)', 'sum(x)', "
+                         "'count(distinct u)'")
+    func, distinct, col = m.group(1).lower(), bool(m.group(2)), m.group(3)
+    if distinct and func != "count":
+        raise ValueError(f"aggregate {name}={text!r}: DISTINCT only with count")
+    func = "count_distinct" if distinct else func
+    if func not in ("count", "count_distinct", "sum", "avg", "min", "max"):
+        raise ValueError(f"aggregate {name}={text!r}: {func} is not a window aggregate "
+                         "(count, count distinct, sum, avg, min, max)")
+    col = None if col == "*" else col
+    if col is not None and col not in columns:
+        raise ValueError(f"aggregate {name}={text!r}: no column {col!r} in {list(columns)}")
+    return (name, func, col)
+
+class PlanWarning(UserWarning):
+    """A plan-time warning (e.g. non-deterministic columns without an upsert key)."""
 
 
 def _join_columns(on, left_on, right_on) -> tuple[tuple, tuple]:

@@ -47,6 +47,12 @@ def cmd_demo(args) -> int:
     return run_demo(args.output, rows=args.rows, keys=args.keys, streaming=not args.batch)
 
 
+def cmd_plot_watermarks(args) -> int:
+    from .runtime.late_output import plot_event_time
+    print(plot_event_time(args.directory, args.output))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="spark-changelog",
                                 description="Flink-SQL-grade changelog processing on Apache Spark")
@@ -90,6 +96,13 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--keys", type=int, default=20_000)
     d.add_argument("--batch", action="store_true", help="run as a batch job instead of streaming")
     d.set_defaults(func=cmd_demo)
+
+    w = sub.add_parser("plot-watermarks", help="PNG of event time vs watermark vs arrival (and "
+                                               "late rows) of a finished window query, from its "
+                                               "late-output directory")
+    w.add_argument("directory", help="the query's late_output directory")
+    w.add_argument("--output", "-o", default="watermarks.png")
+    w.set_defaults(func=cmd_plot_watermarks)
     return p
 
 

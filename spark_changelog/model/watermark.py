@@ -1,4 +1,4 @@
-"""Watermark strategies (spec section 6).
+"""Watermark strategies (docs/windows.md, "Watermarks").
 
 A watermark says "no more rows with an event time at or before W are expected".
 Operators that wait for it (windows: a row is late when ``t <= W``; ``ON
@@ -21,10 +21,16 @@ watermark moved, so timers fire at the end of an ``availableNow`` run too).
 """
 from __future__ import annotations
 
+import abc
 import dataclasses
 import datetime
 import re
 from typing import Union
+
+import numpy as np
+
+#: "no watermark yet" / "this row proves nothing" (Flink's ``Long.MIN_VALUE``)
+NO_WATERMARK = np.iinfo(np.int64).min
 
 #: the watermark of a bounded input at its end (Flink's ``Long.MAX_VALUE``
 #: "end of input" watermark): everything waiting for event time fires
@@ -58,19 +64,71 @@ def duration_ms(value: Duration) -> int:
     return ms
 
 
+class WatermarkGenerator(abc.ABC):
+    """How a watermark is generated, vectorized over a batch (docs/windows.md).
+
+    Per source partition the runtime keeps one number, the partition's
+    *progress* (``int64``, :data:`NO_WATERMARK` until something is proven).
+    A generator says
+
+    * :meth:`on_events`: per row of a batch, the progress that row proves
+      (``NO_WATERMARK`` for none).  The runtime takes the maximum per
+      partition, over pieces of the batch seen in parallel and over batches,
+      so the value must be one whose maximum means something (an event
+      time, a marker's time); progress never goes backwards;
+    * :meth:`on_periodic_emit`: on each periodic tick (once per micro-batch,
+      after its rows), the watermark of each partition from its progress.
+      The runtime keeps each partition's watermark from going backwards.
+
+    Flink's ``WatermarkGenerator.onEvent`` / ``onPeriodicEmit`` are the same
+    two calls, per row and per generator; here they take arrays.
+    """
+
+    column: str
+
+    @abc.abstractmethod
+    def on_events(self, event_ms: np.ndarray, rows) -> np.ndarray:
+        """Progress proven by each row (``int64`` array, same length).
+        ``event_ms``: the rows' event times in ms (``NO_WATERMARK`` where
+        null); ``rows``: the batch as a ``pyarrow.Table`` (for marker columns)."""
+
+    @abc.abstractmethod
+    def on_periodic_emit(self, progress: np.ndarray, processing_time_ms: int) -> np.ndarray:
+        """Watermark per partition (``int64``) from its progress; must map
+        ``NO_WATERMARK`` to ``NO_WATERMARK``."""
+
+    def describe(self) -> str:
+        return type(self).__name__
+
+    def renamed(self, column: str) -> "WatermarkGenerator":
+        return dataclasses.replace(self, column=column)
+
+
+def _minus(progress: np.ndarray, delta: int) -> np.ndarray:
+    progress = np.asarray(progress, dtype=np.int64)
+    return np.where(progress == NO_WATERMARK, NO_WATERMARK, progress - np.int64(delta))
+
+
 #: one day: ChangelogNormalize's default tombstone retention (docs/semantics.md, section 5)
 DAY_MS = 24 * 3600 * 1000
 
 
 @dataclasses.dataclass(frozen=True)
-class WatermarkStrategy:
-    """How the watermark of a stream is generated from its event-time column."""
+class WatermarkStrategy(WatermarkGenerator):
+    """Bounded out-of-orderness: ``W = max_event_time_seen - bound - 1 ms``.
+    The base of the strategies Spark's own ``withWatermark`` can express."""
 
     column: str
     bound_ms: int = 0
 
     def watermark_for(self, max_event_time_ms: int) -> int:
         return max_event_time_ms - self.bound_ms - 1
+
+    def on_events(self, event_ms: np.ndarray, rows=None) -> np.ndarray:
+        return np.asarray(event_ms, dtype=np.int64)
+
+    def on_periodic_emit(self, progress: np.ndarray, processing_time_ms: int = 0) -> np.ndarray:
+        return _minus(progress, self.bound_ms + 1)
 
     @property
     def spark_delay(self) -> str:
@@ -80,19 +138,56 @@ class WatermarkStrategy:
     def describe(self) -> str:
         return f"{self.column} - {self.bound_ms} ms"
 
-    def renamed(self, column: str) -> "WatermarkStrategy":
-        return dataclasses.replace(self, column=column)
-
 
 @dataclasses.dataclass(frozen=True)
 class BoundedOutOfOrderness(WatermarkStrategy):
     """``W = max_event_time - bound - 1 ms`` (spec section 6, W1)."""
 
 
-def monotonous_timestamps(column: str) -> BoundedOutOfOrderness:
+@dataclasses.dataclass(frozen=True)
+class MonotonousTimestamps(WatermarkStrategy):
+    """Ascending event times: ``W = max_event_time - 1 ms`` (bound 0)."""
+
+    bound_ms: int = 0
+
+    def __post_init__(self):
+        if self.bound_ms != 0:
+            raise ValueError("monotonous timestamps have bound 0; use BoundedOutOfOrderness")
+
+    def describe(self) -> str:
+        return f"{self.column} - 1 ms (monotonous)"
+
+
+def monotonous_timestamps(column: str) -> MonotonousTimestamps:
     """Ascending event times: bound 0, ``W = max_event_time - 1 ms``."""
-    return BoundedOutOfOrderness(column, 0)
+    return MonotonousTimestamps(column)
 
 
-__all__ = ["WatermarkStrategy", "BoundedOutOfOrderness", "monotonous_timestamps",
-           "duration_ms", "END_OF_INPUT_MS", "DAY_MS"]
+@dataclasses.dataclass(frozen=True)
+class Punctuated(WatermarkGenerator):
+    """A marker row emits the watermark: a row whose boolean ``marker`` column
+    is true and whose event time is ``t`` says "every row at or before ``t`` -
+    ``bound`` has arrived": ``W = t - bound`` (the marker row itself is not
+    late: it is judged by the watermark before it).  Other rows move nothing.
+    Spark's ``withWatermark`` cannot express it; only operators that track
+    their own watermarks (windows) accept it."""
+
+    column: str
+    marker: str
+    bound_ms: int = 0
+
+    def on_events(self, event_ms: np.ndarray, rows) -> np.ndarray:
+        import pyarrow.compute as pc
+        flags = pc.fill_null(rows.column(self.marker), False).to_numpy(zero_copy_only=False)
+        return np.where(flags.astype(bool), np.asarray(event_ms, dtype=np.int64), NO_WATERMARK)
+
+    def on_periodic_emit(self, progress: np.ndarray, processing_time_ms: int = 0) -> np.ndarray:
+        return _minus(progress, self.bound_ms)
+
+    def describe(self) -> str:
+        return f"{self.column} at rows where {self.marker} (punctuated, - {self.bound_ms} ms)"
+
+
+__all__ = ["WatermarkGenerator", "WatermarkStrategy", "BoundedOutOfOrderness",
+           "MonotonousTimestamps", "Punctuated", "monotonous_timestamps", "duration_ms",
+           "END_OF_INPUT_MS", "NO_WATERMARK", "DAY_MS"]

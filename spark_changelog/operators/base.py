@@ -51,6 +51,9 @@ class Metrics:
 
     counters: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     warnings: list = dataclasses.field(default_factory=list)
+    #: records for a side output, by channel (``"late"``: late rows of windows);
+    #: the runtime ships them on the side-row channel and the pipeline writes them
+    side_rows: dict = dataclasses.field(default_factory=dict)
 
     def add(self, name: str, n: int = 1) -> None:
         if n:
@@ -59,9 +62,14 @@ class Metrics:
     def warn(self, message: str) -> None:
         self.warnings.append(message)
 
+    def side(self, channel: str, record: dict) -> None:
+        self.side_rows.setdefault(channel, []).append(record)
+
     def merge(self, other: "Metrics") -> None:
         self.counters.update(other.counters)
         self.warnings.extend(other.warnings)
+        for channel, records in other.side_rows.items():
+            self.side_rows.setdefault(channel, []).extend(records)
 
 
 @dataclasses.dataclass

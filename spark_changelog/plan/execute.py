@@ -25,7 +25,7 @@ class PlanWarning(UserWarning):
 def run_sink(sink: Sink, table, *, checkpoint: Optional[str] = None,
              changelog_path: Optional[str] = None, changelog_format: str = "parquet",
              dead_letter: Optional[str] = None, strict: bool = False, progress=None,
-             warn_stacklevel: int = 2):
+             late_output: Optional[str] = None, warn_stacklevel: int = 2):
     """Run the planned ``sink`` into ``table`` (a Delta path or an
     ``UpsertSink``); returns the :class:`~spark_changelog.runtime.pipeline.RunReport`.
     Plan warnings are issued as :class:`PlanWarning` and listed first in the
@@ -38,7 +38,7 @@ def run_sink(sink: Sink, table, *, checkpoint: Optional[str] = None,
     report = run_to_sink(low.df, table, key=sink.key, schema=arrow_schema_of(low.data_df),
                          checkpoint=checkpoint, changelog_path=changelog_path,
                          changelog_format=changelog_format, dead_letter=dead_letter,
-                         strict=strict, progress=progress)
+                         strict=strict, progress=progress, late_output=late_output)
     report.plan = explain_plan(sink)
     report.warnings[:0] = warns
     return report

@@ -27,8 +27,9 @@ from typing import Optional
 from ..model import KIND_COL, METRICS_COL, METRICS_KIND, SEQ_COL
 from ..runtime.spark_keyed import DEFAULT_KEY_GROUPS, apply_keyed, arrow_schema_of
 from . import expressions
-from .nodes import (Filter, Join, Materialize, Node, Normalize, Project, Sink, Source,
-                    WatermarkAssigner, join_state_unique_key)
+from .nodes import (WINDOW_END, WINDOW_START, Filter, Join, Materialize, Node, Normalize,
+                    Project, Sink, Source, WatermarkAssigner, WindowAggregate,
+                    WindowTableFunction, join_state_unique_key)
 from .rules import PlanError
 
 
@@ -101,7 +102,36 @@ def _lower(node: Node) -> Lowered:
         return _keyed(inp, inp.df, op, node.key_groups)
     if isinstance(node, Join):
         return _join(node, lower(node.left), lower(node.right))
+    if isinstance(node, WindowAggregate):
+        return _window_aggregate(node)
+    if isinstance(node, WindowTableFunction):
+        from ..runtime.spark_event_time import project_windows
+        inp = lower(node.input)
+        return dataclasses.replace(inp, df=project_windows(inp.df, node.column, node.window))
     raise PlanError(f"no lowering for plan node {type(node).__name__}")
+
+
+def _window_aggregate(node: WindowAggregate) -> Lowered:
+    """The window projection and the aggregate run as one step
+    (``runtime.spark_event_time``): the projection happens in the same Arrow
+    pass that summarises the watermarks (docs/windows.md)."""
+    import pyarrow as pa
+    from ..operators.window.aggregate import AggCall, SessionWindowAggregate
+    from ..operators.window.aggregate import WindowAggregate as WindowAggregateOp
+    from ..runtime.spark_event_time import apply_event_time
+    tvf = node.input
+    inp = lower(tvf.input)
+    data = arrow_schema_of(inp.data_df)
+    ts = pa.timestamp("us", tz="UTC")
+    fields = [f for f in data if f.name not in (KIND_COL, SEQ_COL)]
+    projected = pa.schema(fields + [pa.field(WINDOW_START, ts), pa.field(WINDOW_END, ts),
+                                    data.field(KIND_COL), data.field(SEQ_COL)])
+    cls = SessionWindowAggregate if tvf.window.merging else WindowAggregateOp
+    op = cls(projected, node.group_keys, [AggCall(*a) for a in node.aggregates],
+             allowed_lateness_ms=node.allowed_lateness_ms, time_column=tvf.column)
+    out = apply_event_time(inp.df, op, tvf.spec, assigner=tvf.window,
+                           key_groups=node.key_groups or DEFAULT_KEY_GROUPS)
+    return Lowered(out, inp.operators + (op,), inp.readers)
 
 
 def _keyed(inp: Lowered, df, op, key_groups: Optional[int]) -> Lowered:

@@ -32,6 +32,15 @@ Trait rules (docs/semantics.md, sections 1-4 and 10):
   "is the other side unique on its join key" test uses unique keys).  The
   output is a retract stream if an input has updates or the join is outer.
 
+* WindowTableFunction (TUMBLE/HOP/CUMULATE/SESSION, docs/windows.md): adds
+  ``window_start``/``window_end``; a row may be repeated once per window, so a
+  unique key stays unique only together with ``window_start``; the input must
+  be insert-only.
+* WindowAggregate: its group keys plus both window bounds are the unique key,
+  upsert key and primary key; insert-only output (retract with allowed
+  lateness: a re-fire is ``-U``/``+U``, a grown session ``-D``/``+I``); it
+  consumes the event time (no time attribute after it).
+
 Order (docs/semantics.md, section 10): ``ordered`` says each key's changes
 reach the next operator in source-sequence order whatever order files or
 micro-batches bring them in.  A bounded source is ordered (the runtime sorts
@@ -467,6 +476,86 @@ class Sink(_Unary):
 
     def derive_traits(self) -> Traits:
         return dataclasses.replace(self.input.traits, notes=())
+
+
+# --------------------------------------------------------------------------- windows
+
+WINDOW_START = "window_start"
+WINDOW_END = "window_end"
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class WindowTableFunction(_Unary):
+    """``TUMBLE``/``HOP``/``CUMULATE``/``SESSION(TABLE input, DESCRIPTOR(column),
+    ...)`` (docs/windows.md): the window projection, and the watermark the
+    windows wait for: ``generator`` (default: the input's watermark) per
+    source ``partition`` (a column, ``"<file>"``, or one), idle after
+    ``idle_timeout_ms``."""
+
+    input: Node
+    column: str
+    window: object                      # model.windows.WindowAssigner
+    generator: Optional[object] = None  # model.watermark.WatermarkGenerator
+    partition: Optional[str] = None
+    idle_timeout_ms: Optional[int] = None
+
+    @property
+    def spec(self):
+        """The :class:`~spark_changelog.model.partition_watermarks.EventTimeSpec`."""
+        from ..model.partition_watermarks import EventTimeSpec
+        gen = self.generator or self.input.traits.watermark
+        if gen is None:
+            raise ValueError(f"window on {self.column!r}: the stream has no watermark; declare "
+                             "one (with_watermark / WATERMARK FOR) or pass a generator")
+        if gen.column != self.column:
+            gen = gen.renamed(self.column)
+        return EventTimeSpec(gen, self.partition, self.idle_timeout_ms)
+
+    def label(self) -> str:
+        return (f"WindowTableFunction(window=[{self.window.describe()}], rowtime=[{self.column}], "
+                f"watermark=[{self.spec.describe()}])")
+
+    def derive_traits(self) -> Traits:
+        t = self.input.traits
+        keys = _dedup_keys([tuple(k) + (WINDOW_START,) for k in t.unique_keys])
+        return dataclasses.replace(t, columns=tuple(t.columns) + (WINDOW_START, WINDOW_END),
+                                   unique_keys=keys, upsert_key=None, notes=(),
+                                   primary_key=())
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class WindowAggregate(_Unary):
+    """GROUP BY ``group_keys``, ``window_start``, ``window_end`` over a
+    :class:`WindowTableFunction`; ``aggregates``: ``(name, function, column)``
+    with function ``count`` (column None: ``COUNT(*)``), ``count_distinct``,
+    ``sum``, ``avg``, ``min``, ``max``.  Late rows go to the late output."""
+
+    input: WindowTableFunction
+    group_keys: Key
+    aggregates: tuple
+    allowed_lateness_ms: int = 0
+    key_groups: Optional[int] = None
+
+    @property
+    def key(self) -> Key:
+        return tuple(self.group_keys) + (WINDOW_START, WINDOW_END)
+
+    def label(self) -> str:
+        def call(name, func, col):
+            inner = "*" if col is None else col
+            text = f"COUNT(DISTINCT {inner})" if func == "count_distinct" else f"{func.upper()}({inner})"
+            return f"{text} AS {name}"
+        aggs = ", ".join(call(*a) for a in self.aggregates)
+        w = self.input
+        return (f"WindowAggregate(groupBy=[{', '.join(self.group_keys)}], "
+                f"window=[{w.window.describe()}], select=[{aggs}], "
+                f"allowedLateness=[{self.allowed_lateness_ms} ms], lateRows=[late output])")
+
+    def derive_traits(self) -> Traits:
+        key = self.key
+        mode = ChangelogMode.RETRACT if self.allowed_lateness_ms else ChangelogMode.INSERT_ONLY
+        cols = key + tuple(a[0] for a in self.aggregates)
+        return Traits(cols, mode, (key,), key, frozenset(), False, primary_key=key)
 
 
 # --------------------------------------------------------------------------- join rules

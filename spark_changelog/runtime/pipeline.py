@@ -58,6 +58,11 @@ class RunReport:
     operators: dict = dataclasses.field(default_factory=dict)         # operator -> its counters
     warnings: list = dataclasses.field(default_factory=list)
     state_rows: int = 0
+    late_rows: int = 0              # window rows past their window (the late output)
+    late_output: Optional[str] = None
+    #: the latest own-watermark state of event-time operators (windows):
+    #: watermark, per-partition watermarks, idle partitions, newest event
+    event_time: dict = dataclasses.field(default_factory=dict)
     watermark_ms: Optional[int] = None   # the latest event-time watermark an operator saw
     plan: str = ""   # the planner's explain text (ChangelogStream.write_upsert)
 
@@ -97,6 +102,15 @@ class RunReport:
         if self.watermark_ms is not None:
             lines.append(f"event-time watermark: {_iso_ms(self.watermark_ms)}   "
                          f"watermark timers fired: {c.get('watermark_timers', 0)}")
+        if self.late_rows:
+            lines.append(f"late rows: {self.late_rows}" + (f" (late output: {self.late_output})"
+                                                            if self.late_output else ""))
+        et = self.event_time
+        if et.get("watermark_ms") is not None:
+            lag = (f"   lag behind the newest event: {(et['newest_event_ms'] - et['watermark_ms']) / 1000:.3f} s"
+                   if et.get("newest_event_ms") is not None else "")
+            lines.append(f"window watermark: {_iso_ms(et['watermark_ms'])}{lag}   partitions: "
+                         f"{len(et.get('partitions', {}))}, idle: {et.get('idle_partitions', [])}")
         if c.get("null_sink_key"):
             lines.append(f"changes with a null sink key (dead letter): {c['null_sink_key']}")
         if self.table:
@@ -190,11 +204,13 @@ def _query_id(checkpoint: str) -> str:
 def run_to_sink(df, table, *, key, schema: pa.Schema, checkpoint: Optional[str] = None,
                 changelog_path: Optional[str] = None, changelog_format: str = "parquet",
                 dead_letter: Optional[str] = None, strict: bool = False,
-                progress: Optional[Callable[[RunReport], None]] = None) -> RunReport:
+                progress: Optional[Callable[[RunReport], None]] = None,
+                late_output: Optional[str] = None) -> RunReport:
     """Run the changelog ``df`` (the lowered plan) into ``table`` keyed by ``key``.
 
     ``schema``: the data columns (Arrow) the sinks store.  The bad input and
-    skipped records of every source leaf arrive in ``df`` as side rows.
+    skipped records of every source leaf arrive in ``df`` as side rows;
+    late rows of window operators go to ``late_output`` (docs/windows.md).
     """
     from ..sinks.changelog import ChangelogSink
     from ..sinks.delta import DeltaUpsertSink
@@ -208,7 +224,8 @@ def run_to_sink(df, table, *, key, schema: pa.Schema, checkpoint: Optional[str] 
     log = ChangelogSink(changelog_path, changelog_format, key=key, schema=schema) if changelog_path else None
     report = RunReport(streaming=streaming,
                        table=os.fspath(table) if isinstance(table, (str, os.PathLike)) else None,
-                       changelog=changelog_path, dead_letter=dead_letter)
+                       changelog=changelog_path, dead_letter=dead_letter,
+                       late_output=late_output)
     t0 = time.perf_counter()
 
     table_name = os.fspath(table) if isinstance(table, (str, os.PathLike)) else type(table).__name__
@@ -218,6 +235,7 @@ def run_to_sink(df, table, *, key, schema: pa.Schema, checkpoint: Optional[str] 
         data, payloads = split_metrics(batch)
         side = sort_side_rows(payloads)
         report.add_metrics(side.metrics)
+        _handle_late(side.metrics, report, late_output, batch_id)
         # bad input first: strict stops before anything of the batch is written
         dead = side.dead_letters
         if len(dead):
@@ -296,6 +314,29 @@ def run_to_sink(df, table, *, key, schema: pa.Schema, checkpoint: Optional[str] 
             query.stop()
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def _handle_late(metrics: list[dict], report: RunReport, late_output: Optional[str],
+                 batch_id) -> None:
+    """Late rows of window operators (side-row channel) go to the late output,
+    counted; without a late output they are counted and warned about.  The
+    operators' watermark state goes to the report (and, per batch, next to the
+    late rows, for ``spark-changelog plot-watermarks``)."""
+    from .late_output import late_records, write_event_time, write_late_rows
+    progress = [m["event_time"] for m in metrics if m.get("event_time")]
+    if progress:
+        report.event_time = progress[-1]
+        if late_output is not None:
+            write_event_time(progress[-1], late_output, batch_id)
+    late = late_records(metrics)
+    if not late:
+        return
+    report.late_rows += len(late)
+    if late_output is not None:
+        write_late_rows(late, late_output, batch_id)
+    else:
+        report.warnings.append(f"{len(late)} late row(s) in batch {batch_id} and no late output "
+                               "directory (late_output=...): counted only")
 
 
 def collect_changes(df) -> pd.DataFrame:

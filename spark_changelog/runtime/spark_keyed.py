@@ -65,6 +65,9 @@ def spark_schema(schema: pa.Schema):
 def _metrics_row(operator: KeyedOperator, metrics: Metrics, extra: Optional[dict] = None) -> pd.DataFrame:
     payload = {"operator": operator.name, "counters": dict(metrics.counters),
                "warnings": metrics.warnings[:20]}
+    if metrics.side_rows:
+        # side outputs (late rows of windows) travel on the side-row channel too
+        payload["side"] = metrics.side_rows
     if extra:
         payload.update(extra)
     row = {f.name: [None] for f in operator.output_schema}

@@ -1,0 +1,253 @@
+"""Event-time operators on Spark with our own per-partition watermarks
+(docs/windows.md, "On Spark").
+
+Spark keeps one watermark per query and cannot express per-partition
+watermarks, idleness or punctuated generators.  So the window aggregate does
+not use Spark's watermark at all (``timeMode="None"``, no timers):
+
+1. one Arrow pass over the input (``mapInArrow``) assigns windows (the
+   projection of :mod:`~spark_changelog.model.windows`) and
+   summarises, per Spark partition, the progress each *source* partition's
+   rows prove; the summary rows (``_kind = -2``) are copied to every key
+   group, like Flink broadcasting watermarks to every downstream channel;
+2. ``transformWithStateInPandas`` groups by key group: each key group gets
+   its data rows and the whole batch's summary rows, so every key group
+   computes the same per-partition watermarks from the same state, keeps a
+   copy of them in its checkpointed value state ``watermarks``, and fires its
+   windows in the same call (:func:`~.event_time.run_event_time_batch`).
+
+Processing time (idleness) is Spark's batch timestamp (``current_timestamp()``
+in a streaming query), which Spark records in its offset log and reuses when
+it replays a batch after a crash, so a replay judges idleness, lateness and
+firing exactly as the first attempt did.
+"""
+from __future__ import annotations
+
+import time
+from typing import Iterator, Optional
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from ..model import KIND_COL
+from ..model.partition_watermarks import (FILE_PARTITIONS, SINGLE_PARTITION, EventTimeSpec,
+                                          PartitionWatermarks)
+from ..model.watermark import NO_WATERMARK
+from ..model.windows import WindowAssigner, assign_windows
+from ..operators.base import KeyedOperator
+from .event_time import batch_progress, run_event_time_batch
+from .spark_keyed import (DEFAULT_KEY_GROUPS, KEY_GROUP_COL, METRICS_GROUP, METRICS_KIND,
+                          KeyGroupProcessor, _arrow_input, _arrow_output, _input_frame,
+                          _with_metrics, arrow_schema_of, output_schema_with_metrics,
+                          spark_schema, split_upstream_metrics)
+
+#: ``_kind`` of a watermark summary row (never leaves the operator)
+PROGRESS_KIND = -2
+PART_COL = "_wm_partition"
+PROGRESS_COL = "_wm_progress"
+NOW_COL = "_wm_now"
+SUMMARY_GROUP_COL = "_wm_kg"
+_HELPERS = (PART_COL, PROGRESS_COL, NOW_COL, SUMMARY_GROUP_COL)
+
+
+def _project_and_summarise(spec: EventTimeSpec, column: str, assigner: Optional[WindowAssigner],
+                           key_groups: int, out_schema: pa.Schema):
+    """The ``mapInArrow`` function of step 1 (module docstring)."""
+
+    def fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        pieces = []
+        now = None
+        for rb in batches:
+            t = pa.Table.from_batches([rb])
+            if not t.num_rows:
+                continue
+            if now is None:
+                now = t.column(NOW_COL)[0]
+            kinds = t.column(KIND_COL).to_numpy(zero_copy_only=False)
+            side = kinds == METRICS_KIND
+            data = t.filter(pa.array(~side)) if side.any() else t
+            if data.num_rows:
+                parts = data.column(PART_COL).to_pylist()
+                pieces.append(batch_progress(data, spec, parts))
+                projected = (assign_windows(data, column, assigner) if assigner is not None
+                             else data)
+                yield from _conform(projected, out_schema).to_batches()
+            if side.any():
+                yield from _conform(t.filter(pa.array(side)), out_schema).to_batches()
+        if pieces:
+            prog = pd.concat(pieces, ignore_index=True)
+            prog = prog.groupby("partition", sort=True)["progress"].max().reset_index()
+            n = len(prog)
+            groups = np.repeat(np.arange(key_groups, dtype=np.int32), n)
+            cols = {}
+            for f in out_schema:
+                if f.name == KIND_COL:
+                    cols[f.name] = pa.array(np.full(n * key_groups, PROGRESS_KIND, np.int8))
+                elif f.name == PART_COL:
+                    cols[f.name] = pa.array(np.tile(prog["partition"].to_numpy(object), key_groups),
+                                            pa.string())
+                elif f.name == PROGRESS_COL:
+                    cols[f.name] = pa.array(np.tile(prog["progress"].to_numpy(np.int64), key_groups))
+                elif f.name == SUMMARY_GROUP_COL:
+                    cols[f.name] = pa.array(groups)
+                elif f.name == NOW_COL:
+                    cols[f.name] = pa.array([now.as_py()] * (n * key_groups), f.type)
+                else:
+                    cols[f.name] = pa.nulls(n * key_groups, f.type)
+            yield from pa.table(cols, schema=out_schema).to_batches()
+
+    return fn
+
+
+def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    cols = [table.column(f.name).cast(f.type) if f.name in table.column_names
+            else pa.nulls(table.num_rows, f.type) for f in schema]
+    return pa.Table.from_arrays(cols, schema=schema)
+
+
+class EventTimeKeyGroupProcessor(KeyGroupProcessor):
+    """A key group's run stack plus its copy of the watermark state (value
+    state ``watermarks``, JSON), checkpointed by Spark with the rest."""
+
+    def __init__(self, operator: KeyedOperator, spec: EventTimeSpec, columns, growth: float,
+                 max_runs: int, time_zone: Optional[str] = None):
+        super().__init__(operator, columns, growth, max_runs, time_zone)
+        self.spec = spec
+
+    def init(self, handle) -> None:
+        super().init(handle)
+        self.watermarks = handle.getValueState("watermarks", "json STRING")
+
+    def handleInputRows(self, key, rows, timerValues) -> Iterator[pd.DataFrame]:
+        op = self.operator
+        pdf = _input_frame(rows, self.columns, self.time_zone)
+        pdf, passed = split_upstream_metrics(pdf, op)
+        if passed is not None:
+            yield passed
+        if pdf.empty:
+            return
+        t0 = time.perf_counter()
+        kinds = pdf[KIND_COL].to_numpy(dtype=np.int64)
+        summary = pdf[kinds == PROGRESS_KIND]
+        data = pdf[kinds != PROGRESS_KIND].drop(columns=list(_HELPERS)).reset_index(drop=True)
+        progress = now = None
+        if len(summary):
+            progress = pd.DataFrame({"partition": summary[PART_COL].astype(object).tolist(),
+                                     "progress": summary[PROGRESS_COL].to_numpy(dtype=np.int64)})
+            now = int(summary[NOW_COL].max().value // 1_000_000)
+        stack, run_ids, next_seq, misses = self._load(key)
+        stored = self.watermarks.get() if self.watermarks.exists() else None
+        wms = PartitionWatermarks.from_json(stored[0] if stored else None)
+        before = wms.combined_or_none
+        out, wms, ctx = run_event_time_batch(op, stack, data, wms, progress, self.spec,
+                                             now if now is not None else 0, next_seq)
+        written = self._save(stack, run_ids, ctx.next_seq)
+        self.watermarks.update((wms.to_json(),))
+        extra = {"state_rows": stack.size, "runs": len(stack.runs), "rows_written": written,
+                 "cache_misses": misses, "seconds": time.perf_counter() - t0,
+                 "watermark_ms": ctx.watermark_ms}
+        if int(key[0]) == 0:
+            # every key group holds the same watermarks: one reports them
+            batch_max = None if progress is None else int(progress["progress"].max())
+            newest = max([p for p in [batch_max, *wms.table["progress"].tolist()]
+                          if p is not None and p != NO_WATERMARK], default=None)
+            extra["event_time"] = {"batch_time_ms": now, "watermark_before_ms": before,
+                                   "watermark_ms": wms.combined_or_none,
+                                   "partitions": wms.per_partition(),
+                                   "idle_partitions": wms.idle_partitions(),
+                                   "batch_max_event_ms": batch_max, "newest_event_ms": newest,
+                                   "late_rows": int(ctx.metrics.counters.get("late_rows", 0))}
+        yield from _with_metrics(out, op, ctx, extra)
+
+
+def project_windows(df, column: str, assigner: WindowAssigner):
+    """The window table function alone (``SELECT * FROM TABLE(TUMBLE(...))``):
+    ``df`` with each row repeated per window and ``window_start``/``window_end``
+    added (one Arrow pass, the same arithmetic as the window aggregate's);
+    side rows pass with null bounds."""
+    in_schema = arrow_schema_of(df)
+    fields = list(in_schema)
+    ts = pa.timestamp("us", tz="UTC")
+    pos = [f.name for f in fields].index(KIND_COL)
+    fields[pos:pos] = [pa.field("window_start", ts), pa.field("window_end", ts)]
+    out_schema = pa.schema(fields)
+
+    def fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for rb in batches:
+            t = pa.Table.from_batches([rb])
+            side = t.column(KIND_COL).to_numpy(zero_copy_only=False) == METRICS_KIND
+            data = t.filter(pa.array(~side)) if side.any() else t
+            if data.num_rows:
+                yield from _conform(assign_windows(data, column, assigner), out_schema).to_batches()
+            if side.any():
+                yield from _conform(t.filter(pa.array(side)), out_schema).to_batches()
+
+    return df.mapInArrow(fn, spark_schema(out_schema))
+
+
+def apply_event_time(df, operator: KeyedOperator, spec: EventTimeSpec, *,
+                     assigner: Optional[WindowAssigner] = None,
+                     key_groups: int = DEFAULT_KEY_GROUPS, growth: float = 1.0,
+                     max_runs: int = 8):
+    """The event-time operator's output (plus metric rows) as a DataFrame:
+    the window projection (``assigner`` on ``spec.column``) and the operator,
+    streaming with our own watermarks, or batch with the end of input."""
+    from pyspark.sql import functions as F
+    if spec.partition is None:
+        part = F.lit(SINGLE_PARTITION)
+    elif spec.partition == FILE_PARTITIONS:
+        part = F.input_file_name()
+    else:
+        part = F.col(f"`{spec.partition}`").cast("string")
+    # in a streaming query current_timestamp() is the batch's timestamp, kept
+    # in the offset log: a replayed batch sees the same processing time
+    src = (df.withColumn(PART_COL, part).withColumn(NOW_COL, F.current_timestamp())
+           .withColumn(PROGRESS_COL, F.lit(None).cast("long"))
+           .withColumn(SUMMARY_GROUP_COL, F.lit(None).cast("int")))
+    in_schema = arrow_schema_of(src)
+    out_fields = [f for f in in_schema if f.name not in _HELPERS]
+    if assigner is not None:
+        ts = pa.timestamp("us", tz="UTC")
+        pos = [f.name for f in out_fields].index(KIND_COL)
+        out_fields[pos:pos] = [pa.field("window_start", ts), pa.field("window_end", ts)]
+    out_fields += [in_schema.field(h) for h in _HELPERS]
+    arrow_out = pa.schema(out_fields)
+    projected = src.mapInArrow(_project_and_summarise(spec, spec.column, assigner, key_groups,
+                                                      arrow_out), spark_schema(arrow_out))
+    group = F.pmod(F.hash(*[F.col(f"`{k}`") for k in operator.key]), F.lit(key_groups))
+    kg = (F.when(F.col(KIND_COL) == F.lit(PROGRESS_KIND), F.col(SUMMARY_GROUP_COL))
+          .when(F.col(KIND_COL) == F.lit(METRICS_KIND), F.lit(METRICS_GROUP)).otherwise(group))
+    keyed = projected.withColumn(KEY_GROUP_COL, kg)
+    out_schema = spark_schema(output_schema_with_metrics(operator))
+    time_zone = df.sparkSession.conf.get("spark.sql.session.timeZone")
+    grouped = keyed.groupBy(KEY_GROUP_COL)
+    if df.isStreaming:
+        processor = EventTimeKeyGroupProcessor(operator, spec, keyed.columns, growth, max_runs,
+                                               time_zone)
+        return grouped.transformWithStateInPandas(
+            statefulProcessor=processor, outputStructType=out_schema, outputMode="Append",
+            timeMode="None")
+
+    from .state_runs import RunStack
+    columns = keyed.columns
+
+    def run_group(table: pa.Table) -> pa.Table:
+        pdf, passed = split_upstream_metrics(_arrow_input(table, columns, time_zone), operator)
+        kinds = pdf[KIND_COL].to_numpy(dtype=np.int64) if len(pdf) else np.zeros(0)
+        data = pdf[kinds != PROGRESS_KIND].drop(columns=list(_HELPERS)).reset_index(drop=True)
+        if data.empty:   # only summary rows (every key group gets them) or side rows
+            return (_arrow_output(None, passed, operator, None) if passed is not None
+                    else output_schema_with_metrics(operator).empty_table())
+        # a bounded input: every row arrives before any watermark, then the end
+        # of input fires every window (Flink's batch mode): nothing is late
+        out, _, ctx = run_event_time_batch(operator, RunStack(operator.key), data,
+                                           PartitionWatermarks.empty(), None, spec, 0, 0,
+                                           end_of_input=True)
+        return _arrow_output(out, passed, operator, ctx,
+                             {"state_rows": 0, "watermark_ms": ctx.watermark_ms})
+
+    return grouped.applyInArrow(run_group, schema=out_schema)
+
+
+__all__ = ["apply_event_time", "project_windows", "EventTimeKeyGroupProcessor", "PROGRESS_KIND"]
