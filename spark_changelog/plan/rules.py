@@ -1,4 +1,18 @@
-"""Planner rules: where a SinkUpsertMaterializer goes (spec section 3).
+"""Planner rules: where a ChangelogNormalize and a SinkUpsertMaterializer go.
+
+``order_input(node, consumer)`` (docs/semantics.md, section 10): an
+order-sensitive consumer (a join side, the materializer, an upsert sink, and
+every stateful operator that keeps per-key state) must see each source key's
+changes in source-sequence order.  A streaming CDC source does not guarantee
+that: files and micro-batches can bring an older change after a newer one, and
+a join would then retract a row it has not stored yet and keep the older row
+for ever.  Where the input is not ``ordered`` the rule inserts a
+sequence-aware ChangelogNormalize on the input's upsert key: it applies each
+key's newest change and drops (and counts as ``superseded``) any change older
+than the one applied.  An upsert input of a join gets one too: the join needs
+update-before rows to retract what it emitted.
+
+Where a SinkUpsertMaterializer goes (docs/semantics.md, section 3):
 
 ``materialize(sink, strategy, conflict)`` mirrors Flink's
 ``table.exec.sink.upsert-materialize``:
@@ -19,9 +33,11 @@ forever); a ``conflict`` of ``error``/``nothing`` needs watermarks.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+import weakref
+from typing import Optional, Sequence
 
-from .traits import Materialize, Node, Sink, Traits, fmt_key
+from ..model import ChangelogMode
+from .nodes import Filter, Join, Materialize, Node, Normalize, Sink, Traits, fmt_key
 
 STRATEGIES = ("auto", "none", "force")
 CONFLICTS = ("deduplicate", "error", "nothing")
@@ -69,6 +85,15 @@ def nondeterminism_warnings(t: Traits) -> tuple[str, ...]:
             "keep an upsert key, or drop the column.",)
 
 
+def unordered_warnings(t: Traits, consumer: str) -> tuple[str, ...]:
+    if t.ordered:
+        return ()
+    return (f"{consumer} gets a streaming changelog without a key, so its per-row order cannot be "
+            "restored: changes are applied in arrival order, and a retraction that arrives "
+            "before its row (files or micro-batches out of sequence order) leaves a stale row. "
+            "Declare a primary key on the source (docs/semantics.md, section 10).",)
+
+
 def decide(t: Traits, sink_key, strategy: str = "auto", conflict: Optional[str] = None,
            require_on_conflict: bool = False) -> MaterializeDecision:
     """The materializer decision for a sink with ``sink_key`` over input traits ``t``."""
@@ -78,7 +103,7 @@ def decide(t: Traits, sink_key, strategy: str = "auto", conflict: Optional[str] 
     if conflict is not None and conflict not in CONFLICTS:
         raise PlanError(f"conflict must be one of {CONFLICTS}, got {conflict!r}")
     sk = tuple(sink_key or ())
-    warnings = nondeterminism_warnings(t)
+    warnings = nondeterminism_warnings(t) + unordered_warnings(t, "the sink")
     if strategy == "none" and conflict is not None:
         raise PlanError(
             f"conflict={conflict!r} (ON CONFLICT DO {conflict.upper()}) needs the sink upsert "
@@ -129,8 +154,91 @@ def materialize(sink: Sink, strategy: Optional[str] = None, conflict: Optional[s
     d = decide(sink.input.traits, sink.key, strategy, conflict, require_on_conflict)
     inp: Node = sink.input
     if d.inserted:
-        inp = Materialize(inp, tuple(sink.key), inp.traits.upsert_key, d.conflict)
+        inp = Materialize(inp, tuple(sink.key), inp.traits.upsert_key, d.conflict,
+                          sink.materializer_ttl_ms, sink.key_groups)
     return dataclasses.replace(sink, input=inp, strategy=strategy, conflict=conflict, decision=d)
+
+
+#: consumers of an upsert stream that need -U rows, and why
+NEEDS_UPDATE_BEFORE = {
+    "join": "the join must retract what it emitted for the key",
+    "filter": "a row that leaves the filter must be retracted by its old content",
+}
+
+
+def order_input(node: Node, consumer: str, update_before: bool = True) -> Node:
+    """``node``, or a ChangelogNormalize over it that restores per-key order.
+
+    ``consumer`` names what needs the order (for explain); ``update_before``:
+    whether the consumer needs ``-U`` rows (a join or a materializer does, an
+    upsert sink keyed by the upsert key does not).
+    """
+    t = node.traits
+    upsert_input = t.mode is ChangelogMode.UPSERT and consumer in NEEDS_UPDATE_BEFORE
+    if t.ordered and not upsert_input:
+        return node
+    key = t.upsert_key or (t.unique_keys[0] if t.unique_keys else None)
+    if not key:
+        if upsert_input:
+            raise PlanError(f"an upsert stream without a key cannot be the input of a {consumer}: "
+                            "give it a primary key")
+        # no key to restore the order by: the changes are applied as they arrive;
+        # join_traits and decide() say so in explain and as a plan warning
+        return node
+    if not t.ordered:
+        why = (f"{consumer} needs each key's changes in source-sequence order; a streaming source "
+               "may bring them out of order across files and micro-batches (older changes are "
+               "dropped and counted as superseded)")
+    else:
+        why = f"upsert input of a {consumer} needs update-before: {NEEDS_UPDATE_BEFORE[consumer]}"
+        update_before = True
+    return Normalize(node, tuple(key), update_before, inserted_because=why)
+
+
+_OPTIMIZED: "weakref.WeakKeyDictionary[Node, object]" = weakref.WeakKeyDictionary()
+_UNCHANGED = object()
+
+
+def optimize(node: Node) -> Node:
+    """The plan with what the planner inserts in front of order-sensitive
+    operators: every join input goes through :func:`order_input`.  Pure and
+    memoized per node, so planning a stream twice gives the same tree (and
+    lowering builds its DataFrames once)."""
+    done = _OPTIMIZED.get(node)
+    if done is not None:
+        return node if done is _UNCHANGED else done
+    children = tuple(optimize(c) for c in node.children)
+    if isinstance(node, Join):
+        children = tuple(order_input(c, "join") for c in children)
+    elif isinstance(node, Filter) and children[0].traits.mode is ChangelogMode.UPSERT:
+        # stateless, so not order-sensitive; but an upsert input has no -U to filter
+        children = (order_input(children[0], "filter"),)
+    done = node.with_children(*children) if children else node
+    # a value referring to its own key would keep the entry alive for ever
+    _OPTIMIZED[node] = _UNCHANGED if done is node else done
+    return done
+
+
+def plan_sink(node: Node, key: Sequence[str], *, table: str = "sink", strategy: str = "auto",
+              conflict: Optional[str] = None, require_on_conflict: bool = False,
+              materializer_ttl_ms: Optional[int] = None, key_groups: Optional[int] = None) -> Sink:
+    """The planned sink over ``node``: per-key order restored where the input
+    does not guarantee it (docs/semantics.md, section 10), then the
+    materializer decision (section 3) for an upsert sink keyed by ``key``."""
+    key = tuple(key)
+    base = optimize(node)
+
+    def planned(inp: Node) -> Sink:
+        return materialize(Sink(inp, str(table), key, strategy, conflict,
+                                materializer_ttl_ms=materializer_ttl_ms, key_groups=key_groups),
+                           require_on_conflict=require_on_conflict)
+
+    ordered = order_input(base, "upsert sink", update_before=False)
+    sink = planned(ordered)
+    if isinstance(ordered, Normalize) and sink.decision.inserted:
+        # the materializer retracts rows by their old content: it needs -U rows
+        sink = planned(order_input(base, "sink upsert materializer", update_before=True))
+    return sink
 
 
 def plan_warnings(node: Node) -> list[str]:
@@ -146,4 +254,5 @@ def plan_warnings(node: Node) -> list[str]:
 
 
 __all__ = ["MaterializeDecision", "PlanError", "decide", "materialize", "needs_materializer",
+           "order_input", "unordered_warnings", "optimize", "plan_sink",
            "nondeterminism_warnings", "plan_warnings", "STRATEGIES", "CONFLICTS"]
