@@ -15,15 +15,16 @@ Inputs (generated once):
 Jobs, each a streaming query reading one file per micro-batch
 (``availableNow``) and writing a Delta table with ``write_upsert``:
 
-* ``keep_first``: processing-time keep first per ``k``
-  (``ProcTimeKeepFirst``), beside native streaming ``dropDuplicates(["k"])``
+* ``keep_first``: ``deduplicate("k", keep="first")`` (processing time), beside native streaming ``dropDuplicates(["k"])``
   writing Delta in append mode (``deltalake``, as our sink);
-* ``keep_first_rowtime`` / ``keep_last_rowtime``: event-time keep first
-  (waits for the watermark, bound 2 s) / keep last per ``k``;
-* ``aggregate``: ``count(*), sum(v), min(v) GROUP BY g`` over the Debezium
-  input, beside native batch ``groupBy(g).agg(...)`` over the final row of
+* ``keep_first_rowtime`` / ``keep_last_rowtime``: ``deduplicate("k",
+  order_by="rt", keep=...)``: event-time keep first (waits for the watermark,
+  bound 2 s) / keep last;
+* ``aggregate``: ``group_by("g").agg("COUNT(*) AS c", "SUM(v) AS s",
+  "MIN(v) AS mn")`` over the Debezium input (the planner puts a
+  ChangelogNormalize on ``id`` in front: a streaming CDC source is not ordered), beside native batch ``groupBy(g).agg(...)`` over the final row of
   each id (the same result, computed in one batch job);
-* ``top3``: Top-3 per ``k`` by ``v`` with the rank number (insert-only input).
+* ``top3``: ``top_n(3, "k", "v DESC", with_rank=True)`` (insert-only input).
 
 rows/s is input changes / wall time of the whole job (query start to end,
 including Spark's planning and the Delta commits); the median micro-batch time
@@ -152,13 +153,7 @@ def main(argv=None) -> None:
     from spark_changelog.api import ChangelogStream, read_debezium
     from spark_changelog.runtime.session import build_session
     from spark_changelog.runtime.spark_keyed import DEFAULT_KEY_GROUPS
-    from spark_changelog.model.schema import StreamSchema
     from spark_changelog.model import ChangelogMode
-    from spark_changelog.operators.aggregate.group_aggregate import GroupAggregate
-    from spark_changelog.operators.deduplicate import (ProcTimeKeepFirst, RowTimeKeepFirst,
-                                                       RowTimeKeepLast)
-    from spark_changelog.operators.top_n import AppendOnlyTopN
-    from spark_changelog.api import arrow_schema_of
 
     kg = args.key_groups or DEFAULT_KEY_GROUPS
     work = args.work or tempfile.mkdtemp(prefix="bench-ops-")
@@ -178,24 +173,18 @@ def main(argv=None) -> None:
             s = s.with_column("rt", "timestamp_millis(t)").with_watermark("rt", 2000)
         return s
 
-    def run(name, stream, op, key, mode):
-        schema = StreamSchema(tuple(op.output_schema.names[:-2]), tuple(key), tuple(key), mode,
-                              watermark=stream.schema.watermark)
-        out = stream.apply(op, schema, key_groups=kg)
+    def run(name, stream, key):
         d = os.path.join(work, name)
         t = time.perf_counter()
-        rep = out.write_upsert(os.path.join(d, "table"), checkpoint=os.path.join(d, "ck"),
-                               key=list(key))
-        secs = time.perf_counter() - t
-        return secs, rep
+        rep = stream.write_upsert(os.path.join(d, "table"), checkpoint=os.path.join(d, "ck"),
+                                  key=list(key))
+        return time.perf_counter() - t, rep
 
     results = {}
     if "keep_first" in only:
         print("\nkeep first (insert-only input)")
-        s = inserts()
-        secs, rep = run("keep_first", s, ProcTimeKeepFirst(arrow_schema_of(s.df), ["k"]), ["k"],
-                        ChangelogMode.INSERT_ONLY)
-        results["keep_first"] = line(f"ours ProcTimeKeepFirst ({rep.batches} batches)", args.rows, secs)
+        secs, rep = run("keep_first", inserts().deduplicate("k", keep="first", key_groups=kg), ["k"])
+        results["keep_first"] = line(f"ours keep first ({rep.batches} batches)", args.rows, secs)
         d = os.path.join(work, "native_dropdup")
         t = time.perf_counter()
         table = os.path.join(d, "table")
@@ -208,25 +197,22 @@ def main(argv=None) -> None:
         secs = time.perf_counter() - t
         native = line("native streaming dropDuplicates -> Delta", args.rows, secs, batch_seconds(q))
         print(f"  => ours / native: {results['keep_first'] / native:.2f}x")
-    for name, cls in (("keep_first_rowtime", RowTimeKeepFirst), ("keep_last_rowtime", RowTimeKeepLast)):
+    for name, keep in (("keep_first_rowtime", "first"), ("keep_last_rowtime", "last")):
         if name not in only:
             continue
         print(f"\n{name} (insert-only input, event time t, watermark bound 2 s)")
-        s = inserts(event_time=True)
-        op = cls(arrow_schema_of(s._data_df()), ["k"], "rt")
-        mode = ChangelogMode.INSERT_ONLY if cls is RowTimeKeepFirst else ChangelogMode.RETRACT
-        secs, rep = run(name, s, op, ["k"], mode)
-        results[name] = line(f"ours {cls.__name__} ({rep.batches} batches)", args.rows, secs,
-                             ref=FLINK.get(name))
+        s = inserts(event_time=True).deduplicate("k", order_by="rt", keep=keep, key_groups=kg)
+        secs, rep = run(name, s, ["k"])
+        results[name] = line(f"ours keep {keep} on event time ({rep.batches} batches)", args.rows,
+                             secs, ref=FLINK.get(name))
     if "aggregate" in only:
         print("\naggregate: count(*), sum(v), min(v) GROUP BY g over Debezium (20% retractions)")
         s = read_debezium(spark, cdc_dir, schema="id BIGINT, g BIGINT, v BIGINT", primary_key="id",
                           streaming=True, max_files_per_trigger=1)
-        op = GroupAggregate(arrow_schema_of(s._data_df()), ["g"],
-                            [("count", None, "c"), ("sum", "v", "s"), ("min", "v", "mn")])
-        secs, rep = run("aggregate", s, op, ["g"], ChangelogMode.RETRACT)
-        results["aggregate"] = line(f"ours GroupAggregate ({rep.batches} batches)", args.rows, secs,
-                                    ref=FLINK["aggregate"])
+        s = s.group_by("g").agg("COUNT(*) AS c", "SUM(v) AS s", "MIN(v) AS mn", key_groups=kg)
+        secs, rep = run("aggregate", s, ["g"])
+        results["aggregate"] = line(f"ours group aggregate ({rep.batches} batches)", args.rows,
+                                    secs, ref=FLINK["aggregate"])
         t = time.perf_counter()
         b = read_debezium(spark, cdc_dir, schema="id BIGINT, g BIGINT, v BIGINT", primary_key="id")
         last = (b.df.withColumn("rn", F.row_number().over(
@@ -238,10 +224,9 @@ def main(argv=None) -> None:
         line("native batch groupBy().agg() -> Delta", args.rows, time.perf_counter() - t)
     if "top3" in only:
         print("\ntop 3 per k by v desc, with the rank number (insert-only input)")
-        s = inserts()
-        op = AppendOnlyTopN(arrow_schema_of(s.df), ["k"], 3, [("v", False)], rank_column="rn")
-        secs, rep = run("top3", s, op, ["k", "rn"], ChangelogMode.RETRACT)
-        results["top3"] = line(f"ours AppendOnlyTopN ({rep.batches} batches)", args.rows, secs)
+        s = inserts().top_n(3, "k", "v DESC", with_rank=True, key_groups=kg)
+        secs, rep = run("top3", s, ["k", "rn"])
+        results["top3"] = line(f"ours top 3 ({rep.batches} batches)", args.rows, secs)
     spark.stop()
     if not args.work:
         shutil.rmtree(work, ignore_errors=True)

@@ -177,3 +177,36 @@ def test_rowtime_keep_first_waits_for_the_watermark_on_spark(spark, tmp_path):
     frames = run_spark(spark, str(tmp_path / "in"), RowTimeKeepFirst(arrow, ["k"], "rt"),
                        False, watermark=True)
     assert sorted(tuple(v)[:3] for f in frames for _, v in to_rows(f, COLS)) == everything
+
+
+def test_api_methods_build_the_operators_batch(spark):
+    """deduplicate / group_by().agg / top_n through the plan and its lowering,
+    on a bounded input: the final tables of the reference."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+    from spark_changelog.api import ChangelogStream
+    from spark_changelog.model import ChangelogMode
+    rows = insert_only_files(seed=3, n_files=1, per_file=25)[0]
+    df = spark.createDataFrame(to_frame(rows, COLS), schema=from_arrow_schema(ARROW))
+    s = ChangelogStream.from_dataframe(df, mode=ChangelogMode.INSERT_ONLY, name="t")
+    data = [tuple(v) for _, v, _ in rows]
+
+    def table(stream, cols, key_len):
+        return final_table([(k, v) for k, v in to_rows(stream.collect(), cols)], key_len)
+
+    first = {}
+    for r in data:
+        first.setdefault(r[0], r)
+    assert table(s.deduplicate("k", keep="first"), COLS, 1) == sorted(first.values())
+    earliest = {}
+    for r in data:                       # smallest t, ties: the earlier row
+        if r[0] not in earliest or r[2] < earliest[r[0]][2]:
+            earliest[r[0]] = r
+    timed = s.with_column("rt", "timestamp_millis(t)").with_watermark("rt", 0)
+    assert table(timed.deduplicate("k", order_by="rt", keep="first").select("k", "v", "t"),
+                 COLS, 1) == sorted(earliest.values())
+    want = final_table(RefGroupAggregate([0], [("count", None, False), ("max", 1, True)])
+                       .run_batch([("+I", r) for r in data]), 1)
+    assert table(s.group_by("k").agg("COUNT(*) AS n", mx="MAX(v)"), ["k", "n", "mx"], 1) == want
+    ref = RefTopN([0], 2, [(1, False)], True).run_batch([("+I", r) for r in data])
+    want = final_table([(kind, (r[0], r[3], r[1], r[2])) for kind, r in ref], 2)
+    assert table(s.top_n(2, "k", "v DESC", with_rank=True), ["k", "rn", "v", "t"], 2) == want
