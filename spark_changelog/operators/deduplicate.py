@@ -93,7 +93,8 @@ def keep_last_changes(rows: pd.DataFrame, cols: Sequence[str], first: np.ndarray
     # slot 0 of a row: the retraction of prev (-U on update, -D on delete); slot 1: the add
     slot0 = emit_ub | emit_del
     out0 = prev[slot0].copy()
-    out0[KIND_COL] = np.where(emit_del, RowKind.DELETE, RowKind.UPDATE_BEFORE)[slot0].astype(np.int8)
+    kinds0 = np.where(emit_del, RowKind.DELETE, RowKind.UPDATE_BEFORE)
+    out0[KIND_COL] = kinds0[slot0].astype(np.int8)
     out0[SEQ_COL] = seq[slot0]
     out0["__o"] = np.flatnonzero(slot0) * 2
     out1 = rows.loc[emit_add, list(cols)].copy()
@@ -268,7 +269,8 @@ class RowTimeKeepLast(ProcTimeKeepLast):
 
     def __init__(self, input_schema, key, time_column: str, **kw):
         if time_column not in input_schema.names:
-            raise ValueError(f"{self.name}: time column {time_column!r} not in {input_schema.names}")
+            raise ValueError(f"{self.name}: time column {time_column!r} not in "
+                             f"{input_schema.names}")
         self.time_column = time_column
         super().__init__(input_schema, key, **kw)
 
@@ -318,7 +320,8 @@ class RowTimeKeepFirst(_Dedup):
 
     def __init__(self, input_schema, key, time_column: str, *, state_ttl_ms=None):
         if time_column not in input_schema.names:
-            raise ValueError(f"{self.name}: time column {time_column!r} not in {input_schema.names}")
+            raise ValueError(f"{self.name}: time column {time_column!r} not in "
+                             f"{input_schema.names}")
         self.time_column = time_column
         super().__init__(input_schema, key, state_ttl_ms=state_ttl_ms)
 

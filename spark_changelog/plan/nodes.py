@@ -591,8 +591,8 @@ class TopN(_Unary):
             else "Retract"
         select = (f", select=[*, {self.rank_column}]" if self.rank_column else "")
         return (f"Rank(strategy=[{strategy}Strategy], rankType=[ROW_NUMBER], "
-                f"rankRange=[rankStart=1, rankEnd={self.n}], partitionBy={fmt_key(self.partition_by)}, "
-                f"orderBy=[{order}]{select})")
+                f"rankRange=[rankStart=1, rankEnd={self.n}], "
+                f"partitionBy={fmt_key(self.partition_by)}, orderBy=[{order}]{select})")
 
     def derive_traits(self) -> Traits:
         t = self.input.traits
@@ -603,8 +603,8 @@ class TopN(_Unary):
             keys, upsert = _dedup_keys([rank_key] + list(t.unique_keys)), rank_key
         else:
             cols, keys, upsert = t.columns, t.unique_keys, None
-        note = ("" if self.rank_column else
-                "Top-N without the rank number: rows enter (+I) and leave (-D) whole, no upsert key")
+        note = ("" if self.rank_column else "Top-N without the rank number: rows enter (+I) "
+                "and leave (-D) whole, no upsert key")
         return dataclasses.replace(t, columns=cols, mode=ChangelogMode.RETRACT, unique_keys=keys,
                                    upsert_key=upsert, primary_key=upsert or t.primary_key,
                                    notes=(note,) if note else (), ordered=True)
