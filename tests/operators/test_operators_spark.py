@@ -155,7 +155,7 @@ def test_rowtime_keep_first_waits_for_the_watermark_on_spark(spark, tmp_path):
     # a new key with the largest event time: no watermark ever passes it in streaming
     files[-1].append(["+I", [9, 0, 2999], files[-1][-1][2] + 1])
     write_files(tmp_path / "in", files)
-    arrow = ARROW.insert(3, pa.field("rt", pa.timestamp("ms", tz="UTC")))
+    arrow = ARROW.insert(3, pa.field("rt", pa.timestamp("us", tz="UTC")))   # as Spark hands it over
 
     local, out, max_t = LocalRunner(RowTimeKeepFirst(ARROW, ["k"], "t")), [], None
     for rows in files:
