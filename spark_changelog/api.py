@@ -26,18 +26,20 @@ from typing import Optional, Sequence, Union
 from .model import KIND_COL, SEQ_COL, ChangelogMode, StreamSchema, as_key
 from .model.watermark import DAY_MS, Duration, duration_ms
 from .plan import explain_plan
-from .plan.expressions import ExpressionError, parse, project_item, to_spark_sql
+from .plan.expressions import ExpressionError, aggregate_call, parse, project_item, to_spark_sql
 from .plan.execute import PlanWarning, run_sink
 from .plan.lower import Lowered, column_sql, lower, spark_types
-from .plan.nodes import (Filter, Join, Node, Normalize, Project, ProjectItem, Sink, Source,
-                         WatermarkAssigner, WindowAggregate, WindowTableFunction, source_leaves)
+from .plan.nodes import (Aggregate, Deduplicate, Filter, Join, Node, Normalize, Project,
+                         ProjectItem, Sink, Source, TopN, WatermarkAssigner, WindowAggregate,
+                         WindowTableFunction, source_leaves)
 from .plan.rules import PlanError, optimize, plan_sink
 from .runtime.spark_keyed import DEFAULT_KEY_GROUPS
 
 JoinOn = Union[str, Sequence[Union[str, tuple]], dict, None]
 
 #: nodes that keep state: the event time must be declared below them
-_STATEFUL = {Normalize: "ChangelogNormalize", Join: "Join", WindowAggregate: "WindowAggregate"}
+_STATEFUL = {Normalize: "ChangelogNormalize", Join: "Join", Deduplicate: "Deduplicate",
+             Aggregate: "GroupAggregate", TopN: "Rank", WindowAggregate: "WindowAggregate"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,6 +133,82 @@ class ChangelogStream:
                                       state_ttl_ms=state_ttl_ms,
                                       tombstone_retention_ms=tombstone_retention_ms,
                                       key_groups=key_groups))
+
+    # -- deduplication, aggregation, Top-N (docs/operators.md) -------------------
+    def deduplicate(self, key: Union[str, Sequence[str], None] = None,
+                    order_by: Optional[str] = None, keep: str = "first", *,
+                    generate_update_before: bool = True, generate_insert: bool = True,
+                    fold_batch: bool = False, state_ttl_ms: Optional[int] = None,
+                    key_groups: Optional[int] = None) -> "ChangelogStream":
+        """``ROW_NUMBER() OVER (PARTITION BY key ORDER BY order_by ASC|DESC) = 1``:
+        keep the first (``keep="first"``, ASC) or last (``"last"``, DESC) row per
+        ``key`` (default: the primary key).
+
+        ``order_by``: ``None`` orders by arrival (processing time; arrival is
+        the source sequence), or the event-time attribute declared with
+        ``with_watermark`` (keep first on event time then waits for the
+        watermark).  Keep first needs an insert-only input; keep last over a
+        changelog input is ChangelogNormalize on ``key``.  ``fold_batch``:
+        emit only each key's net change per micro-batch (keep last)."""
+        key = as_key(key) or self.traits.primary_key
+        t = self.traits
+        if not key:
+            raise ValueError("deduplicate needs a key: the stream has no primary key; pass key=[...]")
+        missing = [c for c in key if c not in t.columns]
+        if missing:
+            raise ValueError(f"deduplicate: key column(s) {missing} not among {list(t.columns)}")
+        keep = str(keep).lower()
+        if keep not in ("first", "last"):
+            raise ValueError(f"deduplicate: keep must be 'first' or 'last', got {keep!r}")
+        if order_by is not None and order_by != t.time_attribute:
+            raise PlanError(
+                f"deduplicate: order_by={order_by!r} must be the event-time attribute declared "
+                f"with with_watermark ({t.time_attribute!r}), or None for processing time "
+                "(arrival order)")
+        if t.mode is not ChangelogMode.INSERT_ONLY:
+            if keep == "first":
+                raise PlanError(f"deduplicate(keep='first') needs an insert-only input; this stream "
+                                f"is {t.mode.value}: a kept first row could be retracted later")
+            if order_by is not None:
+                raise PlanError("deduplicate(keep='last') over a changelog input keeps each key's "
+                                "latest change by sequence (ChangelogNormalize); order_by must be "
+                                "None")
+        return self._derive(Deduplicate(self.node, tuple(key), keep, order_by,
+                                        generate_update_before, generate_insert, fold_batch,
+                                        state_ttl_ms, key_groups))
+
+    def group_by(self, *keys: Union[str, Sequence[str]]) -> "GroupedStream":
+        """``GROUP BY keys``; finish with ``.agg(...)``."""
+        cols = tuple(c for k in keys for c in as_key(k))
+        if not cols:
+            raise ValueError("group_by needs at least one column")
+        missing = [c for c in cols if c not in self.traits.columns]
+        if missing:
+            raise ValueError(f"group_by: column(s) {missing} not among {list(self.traits.columns)}")
+        return GroupedStream(self, cols)
+
+    def top_n(self, n: int, partition_by: Union[str, Sequence[str]],
+              order_by: Union[str, Sequence], with_rank: bool = False, *,
+              rank_column: str = "rn", state_ttl_ms: Optional[int] = None,
+              key_groups: Optional[int] = None) -> "ChangelogStream":
+        """``ROW_NUMBER() OVER (PARTITION BY partition_by ORDER BY order_by) <= n``:
+        the changes to each partition's top ``n`` rows.  ``order_by``:
+        ``"score DESC, id"`` or ``[("score", False), "id"]``; ``with_rank``
+        adds the row number as ``rank_column`` (the output is then keyed on
+        partition and rank)."""
+        part = as_key(partition_by)
+        t = self.traits
+        order = _order_items(order_by)
+        missing = [c for c in list(part) + [c for c, _ in order] if c not in t.columns]
+        if missing or not part:
+            raise ValueError(f"top_n: column(s) {missing or '(no partition)'} not among "
+                             f"{list(t.columns)}")
+        if int(n) < 1:
+            raise ValueError(f"top_n: n must be at least 1, got {n}")
+        if with_rank and rank_column in t.columns:
+            raise ValueError(f"top_n: rank column {rank_column!r} is already a column")
+        return self._derive(TopN(self.node, part, int(n), order,
+                                 rank_column if with_rank else None, state_ttl_ms, key_groups))
 
     # -- event time -----------------------------------------------------------
     def with_watermark(self, column: str, bound: Duration = 0) -> "ChangelogStream":
@@ -376,6 +454,57 @@ class ChangelogStream:
                                            require_on_conflict=require_on_conflict, table=table))
 
 
+class GroupedStream:
+    """``stream.group_by(keys)``: call :meth:`agg` for the aggregated stream."""
+
+    def __init__(self, stream: ChangelogStream, key: tuple):
+        self.stream = stream
+        self.key = key
+
+    def agg(self, *calls: str, generate_update_before: bool = True,
+            emit_unchanged: Optional[bool] = None, state_ttl_ms: Optional[int] = None,
+            key_groups: Optional[int] = None, **named: str) -> ChangelogStream:
+        """``SELECT key..., calls... GROUP BY key`` over the changelog, with
+        retraction (docs/operators.md, "Group aggregation").
+
+        ``calls``: ``"AVG(score) AS avg_score"``, ``"COUNT(*) AS n"``,
+        ``"COUNT(DISTINCT v) AS d"``; ``named``: ``avg_score="AVG(score)"``.
+        Functions: COUNT, COUNT DISTINCT, SUM, AVG (AVG over BIGINT is BIGINT,
+        as in Flink), MIN, MAX, FIRST_VALUE, LAST_VALUE.  ``emit_unchanged``:
+        emit ``-U``/``+U`` when a group's result did not change (default: only
+        with a state TTL, as Flink)."""
+        aggs = [aggregate_call(c) for c in calls] + [aggregate_call(text, name)
+                                                    for name, text in named.items()]
+        if not aggs:
+            raise ValueError("agg needs at least one aggregate, e.g. 'COUNT(*) AS n'")
+        cols = self.stream.traits.columns
+        missing = sorted({c for _, c, _ in aggs if c is not None and c not in cols})
+        if missing:
+            raise ValueError(f"agg: column(s) {missing} not among {list(cols)}")
+        return self.stream._derive(Aggregate(self.stream.node, self.key, tuple(aggs),
+                                             generate_update_before, emit_unchanged,
+                                             state_ttl_ms, key_groups))
+
+
+def _order_items(order_by) -> tuple:
+    """``"a DESC, b"`` or ``[("a", False), "b"]`` as ``(("a", False), ("b", True))``."""
+    items = [p.strip() for p in order_by.split(",")] if isinstance(order_by, str) else list(order_by)
+    out = []
+    for item in items:
+        if isinstance(item, str):
+            parts = item.split()
+            direction = parts[1].upper() if len(parts) == 2 else "ASC"
+            if not parts or len(parts) > 2 or direction not in ("ASC", "DESC"):
+                raise ValueError(f"order_by item {item!r}: expected 'column [ASC|DESC]'")
+            out.append((parts[0], direction == "ASC"))
+        else:
+            col, asc = item
+            out.append((str(col), bool(asc)))
+    if not out:
+        raise ValueError("order_by needs at least one column")
+    return tuple(out)
+
+
 def _stateful_below(node: Node) -> list[str]:
     """Names of the stateful nodes in the plan below (and at) ``node``."""
     out: list[str] = []
@@ -442,9 +571,6 @@ def _agg_call(name: str, text: str, columns) -> tuple:
     if col is not None and col not in columns:
         raise ValueError(f"aggregate {name}={text!r}: no column {col!r} in {list(columns)}")
     return (name, func, col)
-
-class PlanWarning(UserWarning):
-    """A plan-time warning (e.g. non-deterministic columns without an upsert key)."""
 
 
 def _join_columns(on, left_on, right_on) -> tuple[tuple, tuple]:

@@ -93,7 +93,8 @@ def keep_last_changes(rows: pd.DataFrame, cols: Sequence[str], first: np.ndarray
     # slot 0 of a row: the retraction of prev (-U on update, -D on delete); slot 1: the add
     slot0 = emit_ub | emit_del
     out0 = prev[slot0].copy()
-    out0[KIND_COL] = np.where(emit_del, RowKind.DELETE, RowKind.UPDATE_BEFORE)[slot0].astype(np.int8)
+    kinds0 = np.where(emit_del, RowKind.DELETE, RowKind.UPDATE_BEFORE)
+    out0[KIND_COL] = kinds0[slot0].astype(np.int8)
     out0[SEQ_COL] = seq[slot0]
     out0["__o"] = np.flatnonzero(slot0) * 2
     out1 = rows.loc[emit_add, list(cols)].copy()
@@ -142,10 +143,13 @@ class _Dedup(KeyedOperator):
     def output_schema(self) -> pa.Schema:
         return self._output_schema
 
+    @property
+    def row_columns(self) -> list[str]:
+        """The columns of a kept row in state: key, other data columns, ``_seq``."""
+        return list(self.key) + [c for c in self.data_columns if c not in self.key] + [SEQ_COL]
+
     def _row_state_schema(self, extra: Sequence[pa.Field]) -> pa.Schema:
-        data = [self.input_schema.field(c) for c in self.data_columns]
-        return pa.schema([self.input_schema.field(k) for k in self.key]
-                         + [f for f in data if f.name not in self.key]
+        return pa.schema([self.input_schema.field(c) for c in self.row_columns[:-1]]
                          + [pa.field(SEQ_COL, pa.int64())] + list(extra)
                          + [pa.field(TOUCHED_COL, pa.int64())])
 
@@ -236,7 +240,7 @@ class ProcTimeKeepLast(_Dedup):
                                 generate_update_before=self.generate_update_before,
                                 generate_insert=self.generate_insert, ctx=ctx)
         last = last_of_key(rows, key)
-        new = rows.loc[last, self.state_schema.names[:-1 - len(self._extra_state)]].copy()
+        new = rows.loc[last, self.row_columns].copy()
         for name, values in self._extra_state_values(rows, last).items():
             new[name] = values
         new[TOUCHED_COL] = np.int64(ctx.processing_time_ms)
@@ -249,8 +253,6 @@ class ProcTimeKeepLast(_Dedup):
         # Flink's processLastRowOnProcTime: an equal row emits nothing unless
         # state TTL is on (then downstream state must be refreshed: D1)
         return self.state_ttl_ms is None
-
-    _extra_state: tuple = ()
 
     def _extra_state_values(self, rows: pd.DataFrame, last: np.ndarray) -> dict:
         return {}
@@ -267,11 +269,10 @@ class RowTimeKeepLast(ProcTimeKeepLast):
 
     def __init__(self, input_schema, key, time_column: str, **kw):
         if time_column not in input_schema.names:
-            raise ValueError(f"{self.name}: time column {time_column!r} not in {input_schema.names}")
+            raise ValueError(f"{self.name}: time column {time_column!r} not in "
+                             f"{input_schema.names}")
         self.time_column = time_column
         super().__init__(input_schema, key, **kw)
-
-    _extra_state = (TIME_COL,)
 
     @property
     def state_schema(self) -> pa.Schema:
@@ -319,7 +320,8 @@ class RowTimeKeepFirst(_Dedup):
 
     def __init__(self, input_schema, key, time_column: str, *, state_ttl_ms=None):
         if time_column not in input_schema.names:
-            raise ValueError(f"{self.name}: time column {time_column!r} not in {input_schema.names}")
+            raise ValueError(f"{self.name}: time column {time_column!r} not in "
+                             f"{input_schema.names}")
         self.time_column = time_column
         super().__init__(input_schema, key, state_ttl_ms=state_ttl_ms)
 
@@ -361,7 +363,7 @@ class RowTimeKeepFirst(_Dedup):
         ctx.metrics.add("late", int((late & ~emitted).sum()))
         ctx.metrics.add("duplicates", int(emitted.sum()))
         fresh = rows[~late & ~emitted].reset_index(drop=True)
-        cand = fresh[self.state_schema.names[:-4]].copy() if len(fresh) else None
+        cand = fresh[self.row_columns].copy() if len(fresh) else None
 
         # candidates: stored (not emitted) rows first, then the batch's rows;
         # the smallest event time wins, ties the earlier one (stable sort)

@@ -83,11 +83,6 @@ class _TopN(KeyedOperator):
     def output_schema(self) -> pa.Schema:
         return self._output_schema
 
-    def describe(self) -> str:
-        order = ", ".join(f"{c} {'ASC' if a else 'DESC'}" for c, a in self.order_by)
-        return (f"{self.name}(rank=ROW_NUMBER, n={self.n}, partitionBy=[{', '.join(self.key)}], "
-                f"orderBy=[{order}], rankNumber={'[' + self.rank_column + ']' if self.rank_column else 'no'})")
-
     def retain(self, state, ctx):
         if self.state_ttl_ms is None:
             return None
@@ -125,7 +120,8 @@ class _TopN(KeyedOperator):
         m.add("rows_in", len(rows))
         self._check_input(rows)
         if self.state_ttl_ms is not None and len(state):
-            alive = state[TOUCHED_COL].to_numpy(np.int64) + self.state_ttl_ms > ctx.processing_time_ms
+            alive = (state[TOUCHED_COL].to_numpy(np.int64) + self.state_ttl_ms
+                     > ctx.processing_time_ms)
             m.add("ttl_expired", int((~alive).sum()))
             state = state[alive].reset_index(drop=True)
         stored = state[key + [c for c in cols if c not in key] + [ORDER_COL]]
@@ -258,8 +254,9 @@ class AppendOnlyTopN(_TopN):
         kinds = rows[KIND_COL].to_numpy(np.int64)
         if (kinds != RowKind.INSERT).any():
             i = int(np.flatnonzero(kinds != RowKind.INSERT)[0])
+            seq = int(rows[SEQ_COL].iloc[i])
             raise ValueError(f"{self.name} accepts an insert-only input, got a "
-                             f"{RowKind(int(kinds[i])).short} row (_seq={int(rows[SEQ_COL].iloc[i])}); "
+                             f"{RowKind(int(kinds[i])).short} row (_seq={seq}); "
                              "use RetractableTopN for a changelog input")
 
     def _kept_entries(self, ranked):

@@ -175,6 +175,44 @@ def classify(text: str, name: Optional[str], input_types: Mapping[str, str],
                         text=None if alias is not None else text)
 
 
+#: sqlglot aggregate node -> the accumulator's function name (operators.aggregate)
+_AGGREGATES = {exp.Sum: "sum", exp.Avg: "avg", exp.Min: "min", exp.Max: "max",
+               exp.FirstValue: "first_value", exp.LastValue: "last_value",
+               exp.First: "first_value", exp.Last: "last_value"}
+
+
+def aggregate_call(text: str, name: Optional[str] = None) -> tuple[str, Optional[str], str]:
+    """``"AVG(score) AS avg_score"`` as ``("avg", "score", "avg_score")``: the
+    aggregate function, its column (``None`` for ``COUNT(*)``) and the output
+    name (``name`` wins over the alias; without either, ``avg_score``-style).
+    ``COUNT(DISTINCT c)`` is ``count_distinct``.  Only a plain column may be
+    aggregated: compute an expression with ``select`` first."""
+    tree, alias = split_alias(parse(text))
+    if isinstance(tree, exp.Count):
+        arg = tree.this
+        if isinstance(arg, exp.Star):
+            function, col = "count", None
+        elif isinstance(arg, exp.Distinct):
+            if len(arg.expressions) != 1:
+                raise ExpressionError(f"{text!r}: COUNT(DISTINCT ...) takes one column")
+            function, col = "count_distinct", arg.expressions[0]
+        else:
+            function, col = "count", arg
+    elif type(tree) in _AGGREGATES:
+        function, col = _AGGREGATES[type(tree)], tree.this
+    else:
+        raise ExpressionError(
+            f"{text!r} is not a supported aggregate: COUNT(*), COUNT(c), COUNT(DISTINCT c), "
+            "SUM(c), AVG(c), MIN(c), MAX(c), FIRST_VALUE(c), LAST_VALUE(c)")
+    if col is not None:
+        if not isinstance(col, exp.Column):
+            raise ExpressionError(f"{text!r}: aggregate a column, not an expression (compute "
+                                  "it with select/with_column first)")
+        col = col.name
+    out = name or alias or (f"{function}_{col}" if col else "count")
+    return function, col, out
+
+
 __all__ = ["parse", "to_spark_sql", "project_item", "classify", "is_nondeterministic",
            "cast_is_injective", "columns_read", "split_alias", "function_name",
-           "ExpressionError", "NONDETERMINISTIC_FUNCTIONS"]
+           "ExpressionError", "NONDETERMINISTIC_FUNCTIONS", "aggregate_call"]

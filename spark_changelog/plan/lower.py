@@ -24,12 +24,12 @@ import dataclasses
 import weakref
 from typing import Optional
 
-from ..model import KIND_COL, METRICS_COL, METRICS_KIND, SEQ_COL
+from ..model import KIND_COL, METRICS_COL, METRICS_KIND, SEQ_COL, ChangelogMode
 from ..runtime.spark_keyed import DEFAULT_KEY_GROUPS, apply_keyed, arrow_schema_of
 from . import expressions
-from .nodes import (WINDOW_END, WINDOW_START, Filter, Join, Materialize, Node, Normalize,
-                    Project, Sink, Source, WatermarkAssigner, WindowAggregate,
-                    WindowTableFunction, join_state_unique_key)
+from .nodes import (WINDOW_END, WINDOW_START, Aggregate, Deduplicate, Filter, Join, Materialize,
+                    Node, Normalize, Project, Sink, Source, TopN, WatermarkAssigner,
+                    WindowAggregate, WindowTableFunction, join_state_unique_key)
 from .rules import PlanError
 
 
@@ -108,6 +108,23 @@ def _lower(node: Node) -> Lowered:
         from ..runtime.spark_event_time import project_windows
         inp = lower(node.input)
         return dataclasses.replace(inp, df=project_windows(inp.df, node.column, node.window))
+    if isinstance(node, Deduplicate):
+        return _deduplicate(node, lower(node.input))
+    if isinstance(node, Aggregate):
+        from ..operators.aggregate.group_aggregate import GroupAggregate
+        inp = lower(node.input)
+        op = GroupAggregate(arrow_schema_of(inp.data_df), node.key, node.aggs,
+                            generate_update_before=node.generate_update_before,
+                            emit_unchanged=node.emit_unchanged, state_ttl_ms=node.state_ttl_ms)
+        return _keyed(inp, inp.df, op, node.key_groups)
+    if isinstance(node, TopN):
+        from ..operators.top_n import AppendOnlyTopN, RetractableTopN
+        inp = lower(node.input)
+        cls = AppendOnlyTopN if node.input.traits.mode is ChangelogMode.INSERT_ONLY \
+            else RetractableTopN
+        op = cls(arrow_schema_of(inp.data_df), node.partition_by, node.n, node.order_by,
+                 rank_column=node.rank_column, state_ttl_ms=node.state_ttl_ms)
+        return _keyed(inp, inp.df, op, node.key_groups)
     raise PlanError(f"no lowering for plan node {type(node).__name__}")
 
 
@@ -132,6 +149,28 @@ def _window_aggregate(node: WindowAggregate) -> Lowered:
     out = apply_event_time(inp.df, op, tvf.spec, assigner=tvf.window,
                            key_groups=node.key_groups or DEFAULT_KEY_GROUPS)
     return Lowered(out, inp.operators + (op,), inp.readers)
+
+
+def _deduplicate(node: Deduplicate, inp: Lowered) -> Lowered:
+    """The deduplicate variant for the node: keep last over a changelog input
+    is ChangelogNormalize; the insert-only variants by keep and time."""
+    from ..operators import deduplicate as d
+    from ..operators.normalize import ChangelogNormalize
+    schema = arrow_schema_of(inp.data_df)
+    if node.input.traits.mode is not ChangelogMode.INSERT_ONLY:
+        op = ChangelogNormalize(schema, node.key, state_ttl_ms=node.state_ttl_ms,
+                                generate_update_before=node.generate_update_before)
+    elif node.keep == "first":
+        op = (d.ProcTimeKeepFirst(schema, node.key, state_ttl_ms=node.state_ttl_ms)
+              if node.order_by is None else
+              d.RowTimeKeepFirst(schema, node.key, node.order_by, state_ttl_ms=node.state_ttl_ms))
+    else:
+        flags = dict(state_ttl_ms=node.state_ttl_ms, fold_batch=node.fold_batch,
+                     generate_update_before=node.generate_update_before,
+                     generate_insert=node.generate_insert)
+        op = (d.ProcTimeKeepLast(schema, node.key, **flags) if node.order_by is None
+              else d.RowTimeKeepLast(schema, node.key, node.order_by, **flags))
+    return _keyed(inp, inp.df, op, node.key_groups)
 
 
 def _keyed(inp: Lowered, df, op, key_groups: Optional[int]) -> Lowered:

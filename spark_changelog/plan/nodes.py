@@ -21,6 +21,10 @@ Trait rules (docs/semantics.md, sections 1-4 and 10):
 * Normalize (ChangelogNormalize): its key is the unique key and upsert key; it
   produces a retract stream (upsert without update-before).  Its retractions
   come from its state, so non-determinism upstream of it is neutralised.
+* Deduplicate, Aggregate, TopN (docs/operators.md): the dedup key, the group
+  key, and (partition, rank) of a Top-N with the rank number become the unique
+  key and upsert key; keep first emits inserts only; a Top-N without the rank
+  number has no upsert key (rows enter and leave whole).
 * Exchange (the shuffle in front of a join side): the upsert key survives only
   if it contains the shuffle columns; otherwise rows of one upsert key go to
   different tasks and their order is lost (the seed's ``s1`` shuffled by
@@ -558,6 +562,143 @@ class WindowAggregate(_Unary):
         return Traits(cols, mode, (key,), key, frozenset(), False, primary_key=key)
 
 
+# --------------------------------------------------------------------------- dedup, aggregate, top-n
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Deduplicate(_Unary):
+    """Keep the first or last row per ``key`` (docs/operators.md, "Deduplication").
+
+    ``order_by``: ``None`` orders by arrival (processing time: the source
+    sequence), a column name by that event-time attribute.  Traits: ``key``
+    becomes the unique key, upsert key and primary key (the input's unique keys
+    stay unique: the output rows are a subset of the input's); keep first
+    emits inserts only, keep last updates (retract with update-before, else
+    upsert).  Keep first on event time waits for the watermark (a note says
+    so); keep last over a changelog input is ChangelogNormalize."""
+
+    input: Node
+    key: Key
+    keep: str = "first"
+    order_by: Optional[str] = None
+    generate_update_before: bool = True
+    generate_insert: bool = True
+    fold_batch: bool = False
+    state_ttl_ms: Optional[int] = None
+    key_groups: Optional[int] = None
+
+    @property
+    def waits_for_watermark(self) -> bool:
+        return self.keep == "first" and self.order_by is not None
+
+    def label(self) -> str:
+        order = "PROCTIME" if self.order_by is None else f"ROWTIME({self.order_by})"
+        row = "FirstRow" if self.keep == "first" else "LastRow"
+        return f"Deduplicate(keep=[{row}], key={fmt_key(self.key)}, order=[{order}])"
+
+    def derive_traits(self) -> Traits:
+        t = self.input.traits
+        key = _key(self.key)
+        if self.keep == "first":
+            mode = ChangelogMode.INSERT_ONLY
+        else:
+            mode = ChangelogMode.RETRACT if self.generate_update_before else ChangelogMode.UPSERT
+        notes = ()
+        if self.waits_for_watermark:
+            notes = (f"keep first on event time {self.order_by!r} waits for the watermark: a "
+                     "key's row is emitted once the watermark passes its event time, rows "
+                     "behind the watermark are dropped as late (Flink 2.3)",)
+        return dataclasses.replace(
+            t, mode=mode, unique_keys=_dedup_keys([key] + list(t.unique_keys)), upsert_key=key,
+            primary_key=key, notes=notes, ordered=True)
+
+
+#: an aggregate call of GroupAggregate: (function, column or None for COUNT(*), output name)
+AggCall = tuple
+
+
+def agg_text(call: AggCall) -> str:
+    f, col, out = call
+    if f == "count_distinct":
+        return f"COUNT(DISTINCT {col}) AS {out}"
+    return f"{f.upper()}({col or '*'}) AS {out}"
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Aggregate(_Unary):
+    """``GROUP BY key`` with retracting aggregate functions (docs/operators.md,
+    "Group aggregation").  Traits: the columns are the key then the
+    aggregates; the group key is the unique key, upsert key and primary key;
+    the output has updates (``-U``/``+U``, ``-D`` when a group empties); an
+    aggregate over a non-deterministic column is non-deterministic; the event
+    time attribute does not survive (it is not a column of the output)."""
+
+    input: Node
+    key: Key
+    aggs: tuple = ()
+    generate_update_before: bool = True
+    emit_unchanged: Optional[bool] = None
+    state_ttl_ms: Optional[int] = None
+    key_groups: Optional[int] = None
+
+    def label(self) -> str:
+        return (f"GroupAggregate(groupBy={fmt_key(self.key)}, select=["
+                + ", ".join(list(self.key) + [agg_text(a) for a in self.aggs]) + "])")
+
+    def derive_traits(self) -> Traits:
+        t = self.input.traits
+        key = _key(self.key)
+        cols = key + tuple(a[2] for a in self.aggs)
+        nondet = frozenset(a[2] for a in self.aggs if a[1] in t.nondeterministic) \
+            | frozenset(k for k in key if k in t.nondeterministic)
+        mode = ChangelogMode.RETRACT if self.generate_update_before else ChangelogMode.UPSERT
+        # the event-time attribute is not an output column: no time attribute
+        return Traits(cols, mode, unique_keys=(key,), upsert_key=key, nondeterministic=nondet,
+                      has_watermark=t.has_watermark, ordered=True, primary_key=key)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TopN(_Unary):
+    """``ROW_NUMBER() OVER (PARTITION BY partition_by ORDER BY order_by) <= n``
+    (docs/operators.md, "Top-N").  Traits: with the rank number in the output
+    (``rank_column``), (partition, rank) is the unique key and upsert key: the
+    changes are per rank position; without it, rows enter (``+I``) and leave
+    (``-D``) whole, so there is no upsert key (compare whole rows).  The
+    input's unique keys stay unique (the output rows are a subset)."""
+
+    input: Node
+    partition_by: Key
+    n: int
+    order_by: tuple = ()             # ((column, ascending), ...)
+    rank_column: Optional[str] = None
+    state_ttl_ms: Optional[int] = None
+    key_groups: Optional[int] = None
+
+    def label(self) -> str:
+        order = ", ".join(f"{c} {'ASC' if a else 'DESC'}" for c, a in self.order_by)
+        strategy = "AppendFast" if self.input.traits.mode is ChangelogMode.INSERT_ONLY \
+            else "Retract"
+        select = (f", select=[*, {self.rank_column}]" if self.rank_column else "")
+        return (f"Rank(strategy=[{strategy}Strategy], rankType=[ROW_NUMBER], "
+                f"rankRange=[rankStart=1, rankEnd={self.n}], "
+                f"partitionBy={fmt_key(self.partition_by)}, orderBy=[{order}]{select})")
+
+    def derive_traits(self) -> Traits:
+        t = self.input.traits
+        part = _key(self.partition_by)
+        if self.rank_column:
+            cols = t.columns + (self.rank_column,)
+            rank_key = part + (self.rank_column,)
+            keys, upsert = _dedup_keys([rank_key] + list(t.unique_keys)), rank_key
+        else:
+            cols, keys, upsert = t.columns, t.unique_keys, None
+        note = ("" if self.rank_column else "Top-N without the rank number: rows enter (+I) "
+                "and leave (-D) whole, no upsert key")
+        return dataclasses.replace(t, columns=cols, mode=ChangelogMode.RETRACT, unique_keys=keys,
+                                   upsert_key=upsert, primary_key=upsert or t.primary_key,
+                                   notes=(note,) if note else (), ordered=True)
+
+
 # --------------------------------------------------------------------------- join rules
 
 
@@ -659,6 +800,7 @@ def source_leaves(node: Node) -> list[Source]:
 
 
 __all__ = ["Traits", "Node", "Source", "WatermarkAssigner", "Project", "ProjectItem", "Filter",
-           "Normalize", "Join", "Materialize", "Sink", "infer", "join_traits",
+           "Normalize", "Join", "Materialize", "Sink", "Deduplicate", "Aggregate", "TopN",
+           "AggCall", "agg_text", "infer", "join_traits",
            "exchange_upsert_key", "join_input_specs", "join_state_unique_key", "source_leaves",
            "fmt_key", "fmt_keys", "Key"]

@@ -37,7 +37,8 @@ import weakref
 from typing import Optional, Sequence
 
 from ..model import ChangelogMode
-from .nodes import Filter, Join, Materialize, Node, Normalize, Sink, Traits, fmt_key
+from .nodes import (Aggregate, Deduplicate, Filter, Join, Materialize, Node, Normalize, Sink,
+                    TopN, Traits, fmt_key)
 
 STRATEGIES = ("auto", "none", "force")
 CONFLICTS = ("deduplicate", "error", "nothing")
@@ -163,6 +164,8 @@ def materialize(sink: Sink, strategy: Optional[str] = None, conflict: Optional[s
 NEEDS_UPDATE_BEFORE = {
     "join": "the join must retract what it emitted for the key",
     "filter": "a row that leaves the filter must be retracted by its old content",
+    "group aggregate": "the accumulators retract the old row's values",
+    "top-n": "a row that leaves the top N is retracted by its old content",
 }
 
 
@@ -201,7 +204,8 @@ _UNCHANGED = object()
 
 def optimize(node: Node) -> Node:
     """The plan with what the planner inserts in front of order-sensitive
-    operators: every join input goes through :func:`order_input`.  Pure and
+    operators: every join input and the input of a group aggregate, Top-N and
+    insert-only deduplication goes through :func:`order_input`.  Pure and
     memoized per node, so planning a stream twice gives the same tree (and
     lowering builds its DataFrames once)."""
     done = _OPTIMIZED.get(node)
@@ -210,6 +214,13 @@ def optimize(node: Node) -> Node:
     children = tuple(optimize(c) for c in node.children)
     if isinstance(node, Join):
         children = tuple(order_input(c, "join") for c in children)
+    elif isinstance(node, Aggregate):
+        children = (order_input(children[0], "group aggregate"),)
+    elif isinstance(node, TopN):
+        children = (order_input(children[0], "top-n"),)
+    elif isinstance(node, Deduplicate) and children[0].traits.mode is ChangelogMode.INSERT_ONLY:
+        # keep last over a changelog input is a ChangelogNormalize itself (sequence-aware)
+        children = (order_input(children[0], "deduplicate"),)
     elif isinstance(node, Filter) and children[0].traits.mode is ChangelogMode.UPSERT:
         # stateless, so not order-sensitive; but an upsert input has no -U to filter
         children = (order_input(children[0], "filter"),)

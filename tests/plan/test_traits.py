@@ -11,9 +11,11 @@ from changelog_data import load_fixture
 from spark_changelog.model import ChangelogMode
 from spark_changelog.plan import PlanError, decide, explain_plan, materialize
 from spark_changelog.plan.expressions import cast_is_injective, classify, is_nondeterministic
-from spark_changelog.plan.rules import order_input
-from spark_changelog.plan.nodes import (Join, Normalize, Project, ProjectItem, Sink, Source,
-                                         join_input_specs, join_state_unique_key)
+from spark_changelog.plan.rules import optimize, order_input
+from spark_changelog.plan.nodes import (Aggregate, Deduplicate, Join, Normalize, Project,
+                                         ProjectItem, Sink, Source, TopN, WatermarkAssigner,
+                                         join_input_specs,
+                                         join_state_unique_key)
 
 R, U, I = ChangelogMode.RETRACT, ChangelogMode.UPSERT, ChangelogMode.INSERT_ONLY
 
@@ -68,6 +70,18 @@ TRAIT_CASES = {
     # many-to-many on non-key columns: only the combination is unique
     "join_many_to_many": (Join(S1, Source("x", ("xid", "level"), ("xid",)), ("level",), ("level",)),
                           (R, [["id", "xid"]], [])),
+    # deduplication, aggregation, Top-N (docs/operators.md)
+    "dedup_keep_first_insert_only": (Deduplicate(INS, ("v",), "first"), (I, [["id"], ["v"]], ["v"])),
+    "dedup_keep_last": (Deduplicate(INS, ("v",), "last"), (R, [["id"], ["v"]], ["v"])),
+    "dedup_keep_last_no_update_before": (Deduplicate(INS, ("v",), "last", None, False),
+                                         (U, [["id"], ["v"]], ["v"])),
+    "group_aggregate_key": (Aggregate(S1, ("level",), (("count", None, "n"),)),
+                            (R, [["level"]], ["level"])),
+    "group_aggregate_no_key_input": (Aggregate(NOKEY, ("a", "b"), (("sum", "b", "s"),)),
+                                     (R, [["a", "b"]], ["a", "b"])),
+    "top_n_with_rank": (TopN(S1, ("level",), 3, (("id", False),), "rn"),
+                        (R, [["id"], ["level", "rn"]], ["level", "rn"])),
+    "top_n_without_rank": (TopN(S1, ("level",), 3, (("id", False),)), (R, [["id"]], [])),
 }
 
 
@@ -151,6 +165,26 @@ def test_order_rule_through_projection_and_explain():
             "be restored") in explain_plan(j2)
     d = decide(dropped.traits, ("level",))
     assert any("per-row order cannot be restored" in w for w in d.warnings)
+
+
+def test_ops_explain_and_order_rules():
+    """Explain shows the new nodes and when a choice waits for the watermark;
+    an unordered streaming input gets a ChangelogNormalize in front; a group
+    key sink needs no materializer, another key does."""
+    src = Source("s1", ("id", "level"), ("id",), R, streaming=True)
+    agg = optimize(Aggregate(src, ("level",), (("count", None, "n"), ("avg", "id", "a"))))
+    text = explain_plan(agg)
+    assert "GroupAggregate(groupBy=[level], select=[level, COUNT(*) AS n, AVG(id) AS a])" in text
+    assert "ChangelogNormalize(key=[id], inserted: group aggregate needs" in text
+    assert not decide(agg.traits, ("level",)).inserted
+    assert decide(agg.traits, ("n",)).inserted
+    ev = WatermarkAssigner(Source("e", ("k", "t"), (), I), "t", 0)
+    text = explain_plan(Deduplicate(ev, ("k",), "first", "t"))
+    assert "Deduplicate(keep=[FirstRow], key=[k], order=[ROWTIME(t)])" in text
+    assert "waits for the watermark" in text
+    assert ("Rank(strategy=[RetractStrategy], rankType=[ROW_NUMBER], rankRange=[rankStart=1, "
+            "rankEnd=3], partitionBy=[level], orderBy=[id DESC], select=[*, rn])") in \
+        explain_plan(TopN(S1, ("level",), 3, (("id", False),), "rn"))
 
 
 def test_declared_ordered_source_explains_the_risk():

@@ -92,10 +92,6 @@ class GroupAggregate(KeyedOperator):
     def result_columns(self) -> list[str]:
         return list(self.key) + [a.output for a in self.accumulators]
 
-    def describe(self) -> str:
-        return f"GroupAggregate(groupBy=[{', '.join(self.key)}], select=[" + ", ".join(
-            list(self.key) + [repr(a) for a in self.accumulators]) + "])"
-
     # -- TTL ----------------------------------------------------------------
     def _alive(self, state: pd.DataFrame, ctx: OpContext) -> np.ndarray:
         if self.state_ttl_ms is None:
