@@ -26,9 +26,9 @@ from .model.watermark import BoundedOutOfOrderness, Duration, duration_ms
 from .operators.base import KeyedOperator
 from .operators.normalize import DAY_MS, ChangelogNormalize
 from .plan import explain_plan, materialize as plan_materialize
-from .plan.expressions import classify, expression_text
+from .plan.expressions import classify, expression_text, is_nondeterministic
 from .plan.rules import PlanError, plan_warnings
-from .plan.traits import (Join, Materialize, Node, Normalize, Project, ProjectItem, Sink, Source,
+from .plan.traits import (Filter, Join, Materialize, Node, Normalize, Project, ProjectItem, Sink, Source,
                           WatermarkAssigner, join_state_unique_key, prepare_join_input)
 from .runtime.spark_keyed import DEFAULT_KEY_GROUPS, apply_keyed
 
@@ -132,7 +132,7 @@ class ChangelogStream:
         if self.schema.watermark is not None:
             raise PlanError(f"with_watermark: the stream already has a watermark on "
                             f"{self.schema.watermark.column!r}")
-        if any(step != "Project" for step in self.steps):
+        if any(step not in ("Project", "Filter") for step in self.steps):
             raise PlanError("with_watermark must be declared on a source, before stateful "
                             f"operators ({', '.join(self.steps)}): Spark does not allow "
                             "redefining the event time after a stateful operator")
@@ -224,6 +224,28 @@ class ChangelogStream:
 
     project = select
 
+    def where(self, condition) -> "ChangelogStream":
+        """Keep the rows for which ``condition`` (a SQL expression string or a
+        Spark ``Column``) is true; null counts as false.  Both halves of an
+        update are tested, so an update that leaves the filter comes out as a
+        retraction.  An upsert stream (no ``-U``) first goes through
+        ChangelogNormalize: the filter must retract the old row of a key whose
+        new row no longer passes."""
+        from pyspark.sql import Column, functions as F
+        from .runtime.spark_keyed import METRICS_KIND
+        if not isinstance(condition, (str, Column)):
+            raise TypeError(f"where: expected a SQL expression string or a Column, got {condition!r}")
+        stream = self._update_before_ready()
+        cond = F.expr(condition) if isinstance(condition, str) else condition
+        text = expression_text(cond)
+        # operator metric / dead-letter side rows pass every filter (contracts: side rows)
+        df = stream.df.where((F.col(KIND_COL) == F.lit(METRICS_KIND)) |
+                             F.coalesce(cond, F.lit(False)))
+        node = Filter(stream.node, text, not is_nondeterministic(text))
+        return ChangelogStream(df, stream.schema, stream.source, stream.steps + ("Filter",), node)
+
+    filter = where
+
     def with_column(self, name: str, expr, deterministic: Optional[bool] = None
                     ) -> "ChangelogStream":
         """Add (or replace) one column; ``deterministic=False`` tells the planner
@@ -258,7 +280,7 @@ class ChangelogStream:
         """
         from .operators.join import JoinInputLayout, RegularJoin
         lk, rk = _join_columns(on, left_on, right_on)
-        left, right = self._join_ready(), other._join_ready()
+        left, right = self._update_before_ready(), other._update_before_ready()
         node = Join(left.node, right.node, lk, rk, how.lower(), condition is not None)
         left_df, right_df = left._data_df(), right._data_df()
         layout = JoinInputLayout(arrow_schema_of(left_df), arrow_schema_of(right_df), lk, rk)
@@ -282,8 +304,9 @@ class ChangelogStream:
                               watermark=watermark if t.has_watermark else None)
         return ChangelogStream(out, schema, None, left.steps + right.steps + (op.name,), node)
 
-    def _join_ready(self) -> "ChangelogStream":
-        """Upsert-mode streams get a ChangelogNormalize with update-before."""
+    def _update_before_ready(self) -> "ChangelogStream":
+        """Upsert-mode streams get a ChangelogNormalize with update-before (joins
+        and filters must retract rows they only know by key)."""
         node = prepare_join_input(self.node)
         if node is self.node:
             return self
@@ -307,8 +330,9 @@ class ChangelogStream:
                   conflict: Optional[str] = None, require_on_conflict: bool = False,
                   table: str = "sink") -> Sink:
         """The planned sink: the materializer decision (spec section 3) for an
-        upsert sink keyed by ``key`` (default: the stream's primary key)."""
-        key = as_key(key) or self.schema.primary_key
+        upsert sink keyed by ``key`` (default: the stream's primary key; ``()``:
+        a sink without primary key, e.g. a print sink)."""
+        key = self.schema.primary_key if key is None else as_key(key)
         return plan_materialize(Sink(self.node, str(table), tuple(key), materialize, conflict),
                                 require_on_conflict=require_on_conflict)
 
@@ -402,12 +426,16 @@ def _join_columns(on, left_on, right_on) -> tuple[tuple, tuple]:
 
 
 def read_changes(spark, path, format: str = "debezium-json", schema=None, primary_key=None,
-                 streaming: bool = False, **kw) -> ChangelogStream:
-    """Read CDC files (``debezium-json``, ``canal-json``, ``maxwell-json``, ``changelog``)."""
+                 streaming: bool = False, *, name: Optional[str] = None, **kw) -> ChangelogStream:
+    """Read CDC files (``debezium-json``, ``canal-json``, ``maxwell-json``, ``changelog``).
+    ``name``: how ``explain`` calls the source (default: the format)."""
     from .connectors.cdc_json import read_changes as _read
     res = _read(spark, path, format=format, schema=schema, primary_key=primary_key,
                 streaming=streaming, **kw)
-    return ChangelogStream(res.changes, res.stream_schema, res)
+    s = res.stream_schema
+    plan = Source(name, tuple(s.columns), tuple(s.primary_key), s.mode,
+                  tuple(s.upsert_key) if s.upsert_key else ()) if name else None
+    return ChangelogStream(res.changes, s, res, plan=plan)
 
 
 def read_debezium(spark, path, schema=None, primary_key=None, **kw) -> ChangelogStream:

@@ -6,9 +6,9 @@ and upsert key; ``rules``: where a SinkUpsertMaterializer goes;
 """
 from .explain import explain_plan
 from .rules import MaterializeDecision, PlanError, decide, materialize
-from .traits import (Join, Materialize, Node, Normalize, Project, ProjectItem, Sink, Source, Traits,
+from .traits import (Filter, Join, Materialize, Node, Normalize, Project, ProjectItem, Sink, Source, Traits,
                      infer)
 
-__all__ = ["Traits", "Node", "Source", "Project", "ProjectItem", "Normalize", "Join", "Materialize",
+__all__ = ["Traits", "Node", "Source", "Project", "ProjectItem", "Filter", "Normalize", "Join", "Materialize",
            "Sink", "infer", "materialize", "decide", "MaterializeDecision", "PlanError",
            "explain_plan"]

@@ -165,6 +165,24 @@ class Project(Node):
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
+class Filter(Node):
+    """Keeps the rows satisfying ``condition`` (SQL ``WHERE``).  On a stream with
+    ``-U`` rows both halves of an update are tested: a row leaving the filter is
+    retracted, one entering it is added, so the traits are the input's."""
+
+    input: Node
+    condition: str
+    deterministic: bool = True
+
+    @property
+    def children(self):
+        return (self.input,)
+
+    def label(self) -> str:
+        return f"Filter(where=[{self.condition}])"
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
 class Normalize(Node):
     input: Node
     key: Key
@@ -388,6 +406,12 @@ def infer(node: Node) -> Traits:
         return source_traits(node)
     if isinstance(node, Project):
         return project_traits(node.input.traits, node.items)
+    if isinstance(node, Filter):
+        t = node.input.traits
+        notes = () if node.deterministic else (
+            "non-deterministic filter condition: a retraction may be filtered differently "
+            "from the row it retracts",)
+        return dataclasses.replace(t, notes=notes)
     if isinstance(node, WatermarkAssigner):
         return dataclasses.replace(node.input.traits, has_watermark=True, notes=())
     if isinstance(node, Normalize):
@@ -423,7 +447,7 @@ def prepare_join_input(node: Node) -> Node:
     return node
 
 
-__all__ = ["Traits", "Node", "Source", "Project", "ProjectItem", "Normalize", "Join", "Materialize",
+__all__ = ["Traits", "Node", "Source", "Project", "ProjectItem", "Filter", "Normalize", "Join", "Materialize",
            "WatermarkAssigner",
            "Sink", "infer", "source_traits", "project_traits", "normalize_traits", "join_traits",
            "exchange_upsert_key", "join_output_names", "join_input_specs", "join_state_unique_key",

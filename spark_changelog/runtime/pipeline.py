@@ -169,8 +169,8 @@ def run_to_sink(stream, table, *, checkpoint: Optional[str] = None,
     from ..sinks.changelog import ChangelogSink
     from ..sinks.delta import DeltaUpsertSink
 
-    key = as_key(key) or stream.schema.primary_key
-    if not key:
+    key = stream.schema.primary_key if key is None else as_key(key)
+    if not key and getattr(table, "requires_key", True):
         raise ValueError("an upsert table needs a primary key: pass key=[...]")
     schema = _data_schema(stream)
     sink = DeltaUpsertSink(os.fspath(table), key, schema) if isinstance(table, (str, os.PathLike)) else table

@@ -46,6 +46,18 @@ FILESYSTEM_FORMATS = {
     "parquet": ("changelog", "parquet"),
 }
 CONNECTORS = ("filesystem", "delta", "jdbc", "postgres", "print", "blackhole")
+#: the WITH options each connector takes besides 'connector' (and 'path'/'format')
+CONNECTOR_OPTIONS = {
+    "filesystem": ("changelog.kind-column", "changelog.seq-column", "csv.field-delimiter",
+                   "csv.quote-character", "csv.escape-character",
+                   "source.max-files-per-trigger", "source.monitor-interval"),
+    "delta": (),
+    "postgres": ("url", "table-name", "username", "password"),
+    "print": ("print-identifier",),
+    "blackhole": (),
+}
+
+_BASE_OPTIONS = {"filesystem": ("path", "format"), "delta": ("path",)}
 
 #: SET keys we act on, with their accepted values (None: free-form, checked below)
 SETTINGS = {
@@ -289,6 +301,7 @@ class _Builder:
 
     def __init__(self, sql: str, path: Optional[str]):
         self.sql, self.path = sql, path
+        self.option_positions: dict = {}   # WITH option key -> Position (current table)
 
     def error(self, message: str, pos: Position, cls: type = SqlError) -> SqlError:
         return cls(message, pos.line, pos.col, sql=self.sql, path=self.path, length=pos.length)
@@ -407,7 +420,8 @@ class _Builder:
                                  f"column, e.g. {wcol.name}_ts AS TO_TIMESTAMP_LTZ({wcol.name}, 3))",
                                  watermark.position)
         options = self.with_options(props, pos)
-        connector = self.connector(name, options, pos)
+        with_pos = node_position(props, pos) if props is not None else pos
+        connector = self.connector(name, options, with_pos)
         return TableDef(name, tuple(columns), pk or (), watermark, connector, options, temporary,
                         pos)
 
@@ -468,12 +482,14 @@ class _Builder:
 
     def with_options(self, props: Optional[exp.Properties], pos: Position) -> tuple:
         out = []
+        self.option_positions = {}
         for p in (props.expressions if props else ()):
             if isinstance(p, exp.TemporaryProperty):
                 continue
             if isinstance(p, exp.Property) and isinstance(p.this, exp.Literal) and \
                     p.this.is_string and isinstance(p.args.get("value"), exp.Literal):
                 out.append((p.this.this, str(p.args["value"].this)))
+                self.option_positions[p.this.this] = node_position(p, pos)
                 continue
             raise self.error(f"unsupported table property {p.sql(dialect=Flink)!r}: WITH takes "
                              "'key' = 'value' pairs", node_position(p, pos))
@@ -502,6 +518,7 @@ class _Builder:
             if path is None:
                 raise self.error(f"table {table}: connector 'filesystem' needs 'path'", pos)
             reader, file_format = FILESYSTEM_FORMATS[fmt.lower()]
+            self.check_options(table, "filesystem", opts, pos)
             return Connector("filesystem", path, fmt.lower(), reader, file_format,
                              tuple(sorted(opts.items())))
         if kind == "delta" and path is None:
@@ -512,8 +529,21 @@ class _Builder:
                 raise self.error(f"table {table}: connector {kind!r} needs 'url' (e.g. "
                                  "'jdbc:postgresql://host:5432/db' or a libpq conninfo)", pos)
             kind = "postgres"
-        return Connector(kind, path, opts.pop("format", None), None, None,
-                         tuple(sorted(opts.items())))
+        elif path is not None and kind != "delta":
+            opts["path"] = path
+        self.check_options(table, kind, opts, pos)
+        return Connector(kind, path, None, None, None, tuple(sorted(opts.items())))
+
+    def check_options(self, table: str, kind: str, opts: dict, pos: Position) -> None:
+        allowed = CONNECTOR_OPTIONS[kind]
+        unknown = sorted(k for k in opts if k not in allowed)
+        if unknown:
+            pos = self.option_positions.get(unknown[0], pos)
+            raise self.error(
+                f"table {table}: unsupported option(s) {', '.join(repr(k) for k in unknown)} for "
+                f"connector {kind!r} (supported: "
+                f"{', '.join(repr(k) for k in ('connector',) + _BASE_OPTIONS.get(kind, ()) + allowed)})",
+                pos)
 
     # -- CREATE VIEW / SET / INSERT ----------------------------------------------
     def view(self, node: exp.Create, pos: Position) -> ViewDef:
@@ -661,4 +691,4 @@ def read_script(path: str) -> Script:
 __all__ = ["parse_script", "read_script", "Script", "TableDef", "ColumnDef", "WatermarkDef",
            "Connector", "ViewDef", "SetOption", "InsertDef", "StatementSet", "ExplainDef",
            "QueryDef", "Position", "spark_type", "interval_ms", "node_position", "SETTINGS",
-           "FILESYSTEM_FORMATS", "CONNECTORS"]
+           "FILESYSTEM_FORMATS", "CONNECTORS", "CONNECTOR_OPTIONS"]
