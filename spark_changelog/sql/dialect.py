@@ -139,8 +139,10 @@ class FlinkParser(SparkParser):
         if self._match_text_seq("STATEMENT", "SET"):
             if not self._match(TokenType.BEGIN):
                 self.raise_error("Expected BEGIN after EXECUTE STATEMENT SET")
-            first = self._parse_statement() if self._curr else None
-            return self.expression(StatementSetBegin(this=first))
+            # the node's position is that of its first statement (for errors)
+            start = self._curr
+            first = self._parse_statement() if start else None
+            return self.expression(StatementSetBegin(this=first), start)
         self.raise_error("Expected STATEMENT SET BEGIN after EXECUTE (EXECUTE STATEMENT SET "
                          "BEGIN INSERT ...; INSERT ...; END;)")
         return exp.Command(this="EXECUTE")

@@ -452,8 +452,9 @@ class _Builder:
 
     def require_not_enforced(self, node: exp.Expr, pos: Position) -> None:
         # sqlglot keeps NOT ENFORCED in the constraint's options; Flink requires it
-        text = node.sql(dialect=Flink).upper()
-        if "NOT ENFORCED" not in text:
+        options = [str(o.this if isinstance(o, exp.Expr) else o).upper()
+                   for o in node.args.get("options") or ()]
+        if "NOT ENFORCED" not in options:
             raise self.error("Flink supports PRIMARY KEY ... NOT ENFORCED only: add NOT ENFORCED "
                              "(the key is not checked on input; it is the key of the changelog)",
                              pos)
@@ -657,8 +658,10 @@ def parse_script(sql: str, path: Optional[str] = None) -> Script:
                 raise b.error("a STATEMENT SET is already open (missing END?)", pos)
             open_set = ([], pos)
             if node.this is not None:
+                meta = node.meta
+                pos = Position(meta["line"], meta["col"] - (meta["end"] - meta["start"]),
+                               meta["end"] - meta["start"] + 1) if "line" in meta else pos
                 node = node.this
-                pos = node_position(node, pos)
             else:
                 continue
         elif isinstance(node, exp.EndStatement):
