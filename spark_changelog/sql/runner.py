@@ -43,6 +43,13 @@ def _render(planned: PlannedInsert, fmt: str) -> str:
     return explain_dot(node) if fmt == "dot" else explain_mermaid(node)
 
 
+def _render_query(stream, fmt: str) -> str:
+    if fmt == "text":
+        return stream.explain()
+    from ..plan.graph import explain_dot, explain_mermaid
+    return explain_dot(stream.node) if fmt == "dot" else explain_mermaid(stream.node)
+
+
 def explain_script(spark, script: Script, fmt: str = "text") -> str:
     """The plans of the script's INSERTs and EXPLAINs (nothing runs)."""
     if fmt not in FORMATS:
@@ -51,8 +58,12 @@ def explain_script(spark, script: Script, fmt: str = "text") -> str:
     for stmt, planned in Translator(spark, script, streaming=False).statements():
         if planned is None:
             continue
-        if isinstance(stmt, ExplainDef) and not isinstance(planned, list):
-            out.append(f"== EXPLAIN (line {stmt.position.line}) ==\n{planned.explain()}")
+        if isinstance(stmt, ExplainDef):
+            head = f"== EXPLAIN (line {stmt.position.line}) =="
+            if isinstance(planned, list):
+                out.extend(f"{head}\n{_render(p, fmt)}" for p in planned)
+            else:   # a bare SELECT: its plan without a sink
+                out.append(f"{head}\n{_render_query(planned, fmt)}")
             continue
         for p in planned:
             out.append(f"{_header(p)}\n{_render(p, fmt)}")
