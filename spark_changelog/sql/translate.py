@@ -250,6 +250,10 @@ class Translator:
                 f"table {table.name} (connector 'filesystem') is a source here; write to a "
                 "'delta', 'jdbc'/'postgres', 'print' or 'blackhole' table",
                 ins.table_position, UnsupportedFeature)
+        if not table.primary_key and table.connector.kind in ("delta", "postgres"):
+            raise self.script.error(
+                f"table {table.name} (connector {table.connector.kind!r}) is an upsert table and "
+                "needs PRIMARY KEY (...) NOT ENFORCED", ins.table_position)
         if ins.conflict and self.settings.materialize == "none":
             raise self.script.error(
                 f"ON CONFLICT DO {ins.conflict.upper()} needs the sink upsert materializer, but "
@@ -471,6 +475,9 @@ class Translator:
         if tuple(stream.schema.columns) != tuple(left.stream.schema.columns) + tuple(
                 renamed[c] for c in right.stream.schema.columns):    # pragma: no cover - one rule
             raise AssertionError("join output names differ from join_output_names")
+        if using:   # the USING columns appear once, as the left side's (SELECT * has one id)
+            names = {i.name for i in using}
+            right_fields = tuple(f for f in right_fields if f.name not in names)
         return Relation(stream, left.fields + right_fields)
 
     def _join_condition(self, terms: list, left: Relation, right: Relation,

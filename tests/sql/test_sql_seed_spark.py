@@ -15,7 +15,7 @@ import pathlib
 
 import pytest
 
-from sql_inputs import write_changelog
+from sql_inputs import source_options, write_changelog
 from spark_changelog.api import read_changes
 from spark_changelog.sinks.delta import read_table
 from spark_changelog.sql.runner import explain_script, run_script
@@ -118,3 +118,34 @@ def test_seed_sql_with_materializer_off_is_unsafe_and_on_conflict_rejected(spark
     with pytest.raises(SqlError, match="FLINK-41007") as e:
         explain_script(spark, parse_script(bad, "bad.sql"))
     assert e.value.line == 29
+
+
+def test_watermark_computed_column_and_on_conflict_do_nothing(spark, seed, tmp_path):
+    """DO NOTHING needs a watermark: refused without one (with the INSERT's
+    line), planned with one declared on a computed event-time column; a
+    USING join and a WHERE on the way."""
+    base, _ = seed
+    head = f"""
+CREATE TABLE s1 (id BIGINT, level BIGINT, PRIMARY KEY (id) NOT ENFORCED)
+  WITH ({source_options(base / 's1')});
+CREATE TABLE s1w (id BIGINT, level BIGINT, t AS CAST(level AS BIGINT) * 1000,
+  ts AS TO_TIMESTAMP_LTZ(t, 3), WATERMARK FOR ts AS ts - INTERVAL '5' SECOND,
+  PRIMARY KEY (id) NOT ENFORCED) WITH ({source_options(base / 's1')});
+CREATE TABLE s2w (id BIGINT, attr STRING, ts AS TO_TIMESTAMP_LTZ(id, 0),
+  WATERMARK FOR ts AS ts - INTERVAL '1' MINUTE) WITH ({source_options(base / 's2')});
+CREATE TABLE lv (level BIGINT, PRIMARY KEY (level) NOT ENFORCED)
+  WITH ('connector' = 'delta', 'path' = '{tmp_path / "lv"}');
+"""
+    from spark_changelog.sql.errors import SqlError
+    with pytest.raises(SqlError, match="requires all sources to define watermarks") as e:
+        explain_script(spark, parse_script(
+            head + "INSERT INTO lv SELECT level FROM s1 ON CONFLICT DO NOTHING;", "c.sql"))
+    assert e.value.line == 11
+    text = explain_script(spark, parse_script(
+        head + "INSERT INTO lv SELECT a.level FROM s1w AS a JOIN s2w AS b USING (id)\n"
+               "WHERE a.level > 0 ON CONFLICT DO NOTHING;", "c.sql"))
+    assert "WatermarkAssigner(rowtime=[ts], watermark=[ts - 4999 ms])" in text
+    assert "Project(select=[id, level, CAST(`level` AS BIGINT) * 1000 AS t])" in text
+    assert "TIMESTAMP_MILLIS(`t`) AS ts" in text
+    assert "conflictStrategy=[NOTHING]" in text and "Filter(where=[`level` > 0])" in text
+    assert "where=[id = id0]" in text and "watermark=[ts - 59999 ms]" in text
