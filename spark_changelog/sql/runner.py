@@ -111,6 +111,15 @@ def run_script(spark, script: Script, *, batch: bool, checkpoint: Optional[str] 
     return runs
 
 
+def _iso(ms: int) -> str:
+    import datetime
+    try:
+        return datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc).isoformat(
+            timespec="milliseconds")
+    except (OverflowError, ValueError, OSError):
+        return "end of input" if ms > 0 else str(ms)
+
+
 def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
 
@@ -141,24 +150,25 @@ class _Progress:
         self.report = report
 
     def _render(self):
+        from rich.console import Group
         from rich.table import Table
+        from rich.text import Text
         t = Table(title=f"INSERT INTO {self.planned.table.name}", title_justify="left",
                   show_header=True, header_style="bold")
         t.add_column("operator")
         t.add_column("rows in", justify="right")
         t.add_column("rows out", justify="right")
         r = self.report
-        ops = r.operators if r is not None else {}
-        for name, counters in ops.items():
+        for name, counters in (r.operators if r is not None else {}).items():
             t.add_row(name, f"{counters.get('rows_in', 0):,}", f"{counters.get('rows_out', 0):,}")
         elapsed = time.perf_counter() - self.t0
         if r is None:
-            t.caption = f"{elapsed:5.1f} s   planning / first batch ..."
+            status = f"{elapsed:.1f} s   planning / first batch ..."
         else:
-            wm = "" if r.watermark_ms is None else f"   watermark {r.watermark_ms}"
-            t.caption = (f"{elapsed:5.1f} s   batches {r.batches}   changes out "
-                         f"{r.changes_out:,}   state rows {r.state_rows:,}{wm}")
-        return t
+            wm = "" if r.watermark_ms is None else f"   watermark {_iso(r.watermark_ms)}"
+            status = (f"{elapsed:.1f} s   batches {r.batches}   changes out {r.changes_out:,}   "
+                      f"state rows {r.state_rows:,}{wm}")
+        return Group(t, Text(status))
 
     def __exit__(self, *exc):
         if self._live is not None:

@@ -235,3 +235,27 @@ def test_unsupported_features_are_a_subclass_with_position():
     with pytest.raises(UnsupportedFeature) as e:
         parse_script("CREATE FUNCTION f AS 'com.x.F'")
     assert e.value.line == 1 and "not supported" in e.value.message
+
+
+def test_progress_display_shows_operators_state_and_watermark():
+    import io
+    import types
+
+    from rich.console import Console
+
+    from spark_changelog.runtime.pipeline import RunReport
+    from spark_changelog.sql.runner import _Progress
+    planned = types.SimpleNamespace(table=types.SimpleNamespace(name="t1"))
+    progress = _Progress(planned, enabled=False)
+    report = RunReport(streaming=True, batches=3, changes_out=1200, state_rows=42,
+                       watermark_ms=1337)
+    report.operators = {"RegularJoin": {"rows_in": 5000, "rows_out": 4100},
+                        "sink_upsert_materializer": {"rows_in": 4100, "rows_out": 1200}}
+    progress.update(report)
+    buf = io.StringIO()
+    Console(file=buf, width=120).print(progress._render())
+    text = buf.getvalue()
+    assert "INSERT INTO t1" in text
+    assert "RegularJoin" in text and "5,000" in text and "4,100" in text
+    assert "batches 3" in text and "changes out 1,200" in text and "state rows 42" in text
+    assert "watermark 1970-01-01T00:00:01.337+00:00" in text
