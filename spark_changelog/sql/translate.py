@@ -572,14 +572,22 @@ class Translator:
             if isinstance(n, (TableArgument, Descriptor)):
                 raise self._unsupported("table arguments are only valid in window table "
                                         "functions", n, pos)
+        types = self._types(rel.stream)
         copy = node.copy()
         for orig, new in zip(node.walk(), copy.walk()):
             if isinstance(orig, exp.Column):
                 new.replace(exp.column(exp.to_identifier(resolved[id(orig)], quoted=True)))
-        copy = copy.transform(self._map_function)
+        try:
+            copy = copy.transform(lambda n: self._map_function(n, types))
+        except ValueError as e:
+            raise self.script.error(str(e), node_position(node, pos)) from None
         return copy.sql(dialect="spark")
 
-    def _map_function(self, node: exp.Expr) -> exp.Expr:
+    def _map_function(self, node: exp.Expr, types: dict) -> exp.Expr:
+        # Flink divides integers as integers (5 / 2 = 2); Spark's / gives a double
+        if isinstance(node, exp.Div) and _integral(node.this, types) and \
+                _integral(node.expression, types):
+            return exp.IntDiv(this=node.this, expression=node.expression)
         if isinstance(node, exp.Anonymous) and node.name.upper() in FUNCTION_MAP:
             return FUNCTION_MAP[node.name.upper()](list(node.expressions))
         if isinstance(node, exp.DataType) and node.this in _TYPE_FIX:
@@ -624,6 +632,27 @@ class Translator:
         line = self.script.sql.count("\n", 0, at) + 1
         col = at - (self.script.sql.rfind("\n", 0, at) + 1) + 1
         return Position(line, col, len(keyword))
+
+
+_INTEGRAL = ("tinyint", "smallint", "int", "bigint")
+
+
+def _integral(node: exp.Expr, types: dict) -> bool:
+    """An integer column, literal or integer arithmetic of those (types of the
+    stream's columns by name; columns are already resolved and quoted)."""
+    if isinstance(node, exp.Paren):
+        return _integral(node.this, types)
+    if isinstance(node, exp.Column):
+        return types.get(node.name) in _INTEGRAL
+    if isinstance(node, exp.Literal):
+        return not node.is_string and node.this.lstrip("-").isdigit()
+    if isinstance(node, (exp.Add, exp.Sub, exp.Mul, exp.Mod, exp.IntDiv)):
+        return _integral(node.this, types) and _integral(node.expression, types)
+    if isinstance(node, exp.Neg):
+        return _integral(node.this, types)
+    if isinstance(node, exp.Cast):
+        return node.to.sql(dialect="spark").lower() in _INTEGRAL
+    return False
 
 
 def _normal_type(spark_sql_type: Optional[str]) -> Optional[str]:

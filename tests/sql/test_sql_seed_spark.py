@@ -128,7 +128,7 @@ def test_watermark_computed_column_and_on_conflict_do_nothing(spark, seed, tmp_p
     head = f"""
 CREATE TABLE s1 (id BIGINT, level BIGINT, PRIMARY KEY (id) NOT ENFORCED)
   WITH ({source_options(base / 's1')});
-CREATE TABLE s1w (id BIGINT, level BIGINT, t AS CAST(level AS BIGINT) * 1000,
+CREATE TABLE s1w (id BIGINT, level BIGINT, t AS CAST(level AS BIGINT) * 10000 / 10,
   ts AS TO_TIMESTAMP_LTZ(t, 3), WATERMARK FOR ts AS ts - INTERVAL '5' SECOND,
   PRIMARY KEY (id) NOT ENFORCED) WITH ({source_options(base / 's1')});
 CREATE TABLE s2w (id BIGINT, attr STRING, ts AS TO_TIMESTAMP_LTZ(id, 0),
@@ -145,7 +145,8 @@ CREATE TABLE lv (level BIGINT, PRIMARY KEY (level) NOT ENFORCED)
         head + "INSERT INTO lv SELECT a.level FROM s1w AS a JOIN s2w AS b USING (id)\n"
                "WHERE a.level > 0 ON CONFLICT DO NOTHING;", "c.sql"))
     assert "WatermarkAssigner(rowtime=[ts], watermark=[ts - 4999 ms])" in text
-    assert "Project(select=[id, level, CAST(`level` AS BIGINT) * 1000 AS t])" in text
+    # Flink divides integers as integers: / between integers becomes Spark's DIV
+    assert "Project(select=[id, level, CAST(`level` AS BIGINT) * 10000 DIV 10 AS t])" in text
     assert "TIMESTAMP_MILLIS(`t`) AS ts" in text
     assert "conflictStrategy=[NOTHING]" in text and "Filter(where=[`level` > 0])" in text
     assert "where=[id = id0]" in text and "watermark=[ts - 59999 ms]" in text
