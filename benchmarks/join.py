@@ -1,6 +1,7 @@
 """Benchmark: streaming RegularJoin (``ChangelogStream.join``) vs Spark's native batch join.
 
     scripts/bench join [--rows 500000] [--keys 50000] [--batch 50000] [--how inner,left]
+                       [--order restored,declared]
 
 Two changelog inputs (left ``id, k, v``; right ``id, k, w``; primary key ``id``
 on both, join on ``k``) of ``--rows`` changes each over ``--keys`` join keys:
@@ -17,6 +18,11 @@ each join type:
 * native batch: the final state of each side (last change per ``id`` by
   ``_seq``, kept when it is an insert/update-after) joined with Spark's own join
   over all files at once, written to the ``noop`` sink.
+
+``--order``: ``restored`` (default) lets the planner put a sequence-aware
+ChangelogNormalize in front of each side (docs/semantics.md, section 10: the
+streaming inputs do not guarantee per-key order); ``declared`` reads the sides
+with ``ordered=True`` (no normalize), which shows what the guarantee costs.
 
 Per-batch times come from the query's progress (``triggerExecution``).  rows/s
 counts input changes (both sides).
@@ -107,13 +113,13 @@ def generate_side(directory: str, schema: pa.Schema, rows: int, keys: int, batch
     return files
 
 
-def run_ours(spark, d: str, how: str, key_groups: int, ck: str) -> dict:
+def run_ours(spark, d: str, how: str, key_groups: int, ck: str, ordered: bool) -> dict:
     from pyspark.sql import functions as F
     from spark_changelog.api import ChangelogStream
 
     def side(name):
         df = spark.readStream.schema(DDL[name]).option("maxFilesPerTrigger", 1).parquet(os.path.join(d, name))
-        return ChangelogStream.from_dataframe(df, primary_key=["id"], name=name)
+        return ChangelogStream.from_dataframe(df, primary_key=["id"], name=name, ordered=ordered)
 
     joined = side("left").join(side("right"), on="k", how=how, key_groups=key_groups)
     per_batch: list[dict] = []
@@ -155,6 +161,8 @@ def main(argv=None) -> None:
     ap.add_argument("--keys", type=int, default=50_000, help="join keys")
     ap.add_argument("--batch", type=int, default=50_000, help="changes per file (per side and micro-batch)")
     ap.add_argument("--how", default="inner,left")
+    ap.add_argument("--order", default="restored,declared",
+                    help="restored: planner-inserted ChangelogNormalize per side; declared: ordered=True")
     ap.add_argument("--key-groups", type=int, default=32)
     ap.add_argument("--partitions", type=int, default=4, help="spark.sql.shuffle.partitions")
     ap.add_argument("--driver-memory", default="8g")
@@ -175,26 +183,30 @@ def main(argv=None) -> None:
     total = 2 * args.rows
     summary = []
     for how in args.how.split(","):
-        res = run_ours(spark, d, how, args.key_groups, os.path.join(work, f"ck-{how}"))
-        secs = [s for s, _ in res["durs"]]
-        rows_in = sum(r for _, r in res["durs"])
-        rate = rows_in / sum(secs) if secs else 0.0
-        steady = secs[1:]
-        steady_rate = sum(r for _, r in res["durs"][1:]) / sum(steady) if steady else rate
-        out = sum(b["out"] for b in res["batches"])
-        last = res["batches"][-1] if res["batches"] else {"state_rows": 0, "groups": 0}
-        print(f"  {how:<5} ours (G={args.key_groups}): batches {' '.join(f'{s:.1f}' for s in secs)} s | "
-              f"median {statistics.median(secs) if secs else 0:.2f} s | {rate:,.0f} rows/s "
-              f"(after the first batch {steady_rate:,.0f}) | {rows_in:,} in, {out:,} out | "
-              f"state rows at the end: {last['state_rows']:,} ({last['groups']} key groups touched "
-              f"by the last batch)")
+        for order in args.order.split(","):
+            res = run_ours(spark, d, how, args.key_groups,
+                           os.path.join(work, f"ck-{how}-{order}"), ordered=order == "declared")
+            secs = [s for s, _ in res["durs"]]
+            rows_in = sum(r for _, r in res["durs"])
+            rate = rows_in / sum(secs) if secs else 0.0
+            steady = secs[1:]
+            steady_rate = sum(r for _, r in res["durs"][1:]) / sum(steady) if steady else rate
+            out = sum(b["out"] for b in res["batches"])
+            last = res["batches"][-1] if res["batches"] else {"state_rows": 0, "groups": 0}
+            print(f"  {how:<5} ours, order {order} (G={args.key_groups}): batches "
+                  f"{' '.join(f'{s:.1f}' for s in secs)} s | median "
+                  f"{statistics.median(secs) if secs else 0:.2f} s | {rate:,.0f} rows/s "
+                  f"(after the first batch {steady_rate:,.0f}) | {rows_in:,} in, {out:,} out | "
+                  f"state rows at the end: {last['state_rows']:,}")
+            summary.append((f"{how}/{order}", rate, steady_rate, None))
         nsecs = native_batch(spark, d, how)
         print(f"  {how:<5} native batch join of the final states: {nsecs:.1f} s | {total / nsecs:,.0f} rows/s")
-        summary.append((how, rate, steady_rate, total / nsecs))
+        summary.append((f"{how}/native", None, None, total / nsecs))
     print("\nsummary (rows/s of input changes, both sides):")
-    print(f"{'join':<6} {'ours':>12} {'ours steady':>12} {'native batch':>13}")
-    for how, r, s, n in summary:
-        print(f"{how:<6} {r:>12,.0f} {s:>12,.0f} {n:>13,.0f}")
+    print(f"{'join/order':<16} {'ours':>12} {'ours steady':>12} {'native batch':>13}")
+    for name, r, s, n in summary:
+        cells = [f"{v:>12,.0f}" if v is not None else f"{'':>12}" for v in (r, s)]
+        print(f"{name:<16} {cells[0]} {cells[1]} {'' if n is None else f'{n:>13,.0f}'}")
     if not args.work:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -27,9 +27,9 @@ from .operators.base import KeyedOperator
 from .operators.normalize import DAY_MS, ChangelogNormalize
 from .plan import explain_plan, materialize as plan_materialize
 from .plan.expressions import classify, expression_text, is_nondeterministic
-from .plan.rules import PlanError, plan_warnings
-from .plan.traits import (Filter, Join, Materialize, Node, Normalize, Project, ProjectItem, Sink, Source,
-                          WatermarkAssigner, join_state_unique_key, prepare_join_input)
+from .plan.rules import PlanError, order_input, plan_warnings
+from .plan.traits import (Filter, Join, Materialize, Node, Normalize, Project, ProjectItem, Sink,
+                          Source, WatermarkAssigner, join_state_unique_key)
 from .runtime.spark_keyed import DEFAULT_KEY_GROUPS, apply_keyed
 
 JoinOn = Union[str, Sequence[Union[str, tuple]], dict, None]
@@ -65,16 +65,20 @@ class ChangelogStream:
     @classmethod
     def from_dataframe(cls, df, primary_key: Union[str, Sequence[str], None] = None,
                        mode: ChangelogMode = ChangelogMode.RETRACT, *,
-                       name: Optional[str] = None) -> "ChangelogStream":
+                       name: Optional[str] = None, ordered: bool = False) -> "ChangelogStream":
         """Wrap a DataFrame that already has ``_kind`` (tinyint) and ``_seq`` (bigint).
-        ``name``: how ``explain`` calls the source."""
+        ``name``: how ``explain`` calls the source.  ``ordered=True`` declares that a
+        streaming input brings each key's changes in ``_seq`` order across
+        micro-batches, so the planner does not put a ChangelogNormalize in front of
+        order-sensitive operators (docs/semantics.md, section 10)."""
         for c in (KIND_COL, SEQ_COL):
             if c not in df.columns:
                 raise ValueError(f"DataFrame lacks the {c} column; columns: {df.columns}")
         cols = tuple(c for c in df.columns if c not in (KIND_COL, SEQ_COL))
         pk = as_key(primary_key)
         schema = StreamSchema(cols, pk, pk or None, mode)
-        plan = Source(name, cols, pk, mode, pk) if name else None
+        plan = Source(name or "changelog", cols, pk, mode, pk, streaming=bool(df.isStreaming),
+                      declared_ordered=bool(ordered))
         return cls(df, schema, plan=plan)
 
     @property
@@ -86,7 +90,8 @@ class ChangelogStream:
             name = getattr(self.source, "format", None) or "changelog"
             self.plan = Source(str(name), tuple(s.columns), tuple(s.primary_key), s.mode,
                                tuple(s.upsert_key) if s.upsert_key else (),
-                               has_watermark=s.watermark is not None)
+                               has_watermark=s.watermark is not None,
+                               streaming=self.is_streaming)
         return self.plan
 
     def apply(self, operator: KeyedOperator, schema: StreamSchema, *,
@@ -235,7 +240,17 @@ class ChangelogStream:
         from .runtime.spark_keyed import METRICS_KIND
         if not isinstance(condition, (str, Column)):
             raise TypeError(f"where: expected a SQL expression string or a Column, got {condition!r}")
-        stream = self._update_before_ready()
+        stream = self
+        t = self.node.traits
+        if t.mode is ChangelogMode.UPSERT:
+            key = t.upsert_key or (t.unique_keys[0] if t.unique_keys else None)
+            if not key:
+                raise PlanError("where: an upsert stream without a key cannot be filtered: give "
+                                "it a primary key")
+            stream = self._order_ready(Normalize(
+                self.node, tuple(key), True, inserted_because=(
+                    "a filter over an upsert stream needs update-before: it must retract the "
+                    "old row of a key whose new row no longer passes")))
         cond = F.expr(condition) if isinstance(condition, str) else condition
         text = expression_text(cond)
         # operator metric / dead-letter side rows pass every filter (contracts: side rows)
@@ -280,7 +295,7 @@ class ChangelogStream:
         """
         from .operators.join import JoinInputLayout, RegularJoin
         lk, rk = _join_columns(on, left_on, right_on)
-        left, right = self._update_before_ready(), other._update_before_ready()
+        left, right = self._join_ready(), other._join_ready()
         node = Join(left.node, right.node, lk, rk, how.lower(), condition is not None)
         left_df, right_df = left._data_df(), right._data_df()
         layout = JoinInputLayout(arrow_schema_of(left_df), arrow_schema_of(right_df), lk, rk)
@@ -304,13 +319,17 @@ class ChangelogStream:
                               watermark=watermark if t.has_watermark else None)
         return ChangelogStream(out, schema, None, left.steps + right.steps + (op.name,), node)
 
-    def _update_before_ready(self) -> "ChangelogStream":
-        """Upsert-mode streams get a ChangelogNormalize with update-before (joins
-        and filters must retract rows they only know by key)."""
-        node = prepare_join_input(self.node)
+    def _join_ready(self) -> "ChangelogStream":
+        """The join side with per-key order restored where needed (``rules.order_input``)."""
+        return self._order_ready(order_input(self.node, "join"))
+
+    def _order_ready(self, node: Node) -> "ChangelogStream":
+        """This stream, or its ChangelogNormalize when the planner put one on top of
+        it (``node`` is then that Normalize over ``self.node``)."""
         if node is self.node:
             return self
-        s = self.normalize(node.key)
+        assert isinstance(node, Normalize) and node.input is self.node
+        s = self.normalize(node.key, generate_update_before=node.generate_update_before)
         s.plan = node
         return s
 
@@ -329,12 +348,21 @@ class ChangelogStream:
     def plan_sink(self, key: Union[str, Sequence[str], None] = None, *, materialize: str = "auto",
                   conflict: Optional[str] = None, require_on_conflict: bool = False,
                   table: str = "sink") -> Sink:
-        """The planned sink: the materializer decision (spec section 3) for an
-        upsert sink keyed by ``key`` (default: the stream's primary key; ``()``:
-        a sink without primary key, e.g. a print sink)."""
-        key = self.schema.primary_key if key is None else as_key(key)
-        return plan_materialize(Sink(self.node, str(table), tuple(key), materialize, conflict),
+        """The planned sink: per-key order restored where the input does not
+        guarantee it (docs/semantics.md, section 10), then the materializer
+        decision (section 3) for an upsert sink keyed by ``key`` (default: the
+        stream's primary key; ``()``: a sink without primary key, e.g. a print
+        sink)."""
+        key = tuple(self.schema.primary_key if key is None else as_key(key))
+        node = order_input(self.node, "upsert sink", update_before=False)
+        sink = plan_materialize(Sink(node, str(table), key, materialize, conflict),
                                 require_on_conflict=require_on_conflict)
+        if isinstance(node, Normalize) and sink.decision.inserted:
+            # the materializer retracts rows by their old content: it needs -U rows
+            node = order_input(self.node, "sink upsert materializer", update_before=True)
+            sink = plan_materialize(Sink(node, str(table), key, materialize, conflict),
+                                    require_on_conflict=require_on_conflict)
+        return sink
 
     def write_upsert(self, table: Union[str, "object"], *, checkpoint: Optional[str] = None,
                      changelog_path: Optional[str] = None, changelog_format: str = "parquet",
@@ -363,17 +391,17 @@ class ChangelogStream:
         name = os.fspath(table) if isinstance(table, (str, os.PathLike)) else type(table).__name__
         sink = self.plan_sink(key, materialize=materialize, conflict=conflict,
                               require_on_conflict=require_on_conflict, table=name)
-        stream = self
+        m = sink.input
+        stream = self._order_ready(m.input if isinstance(m, Materialize) else m)
         if sink.decision.inserted:
-            m = sink.input
             assert isinstance(m, Materialize)
-            op = SinkUpsertMaterializer(arrow_schema_of(self._data_df()), sink.key,
+            op = SinkUpsertMaterializer(arrow_schema_of(stream._data_df()), sink.key,
                                         upsert_key=m.upsert_key, state_ttl_ms=materializer_ttl_ms,
                                         conflict=m.conflict)
             t = m.traits
             schema = StreamSchema(tuple(t.columns), tuple(sink.key), tuple(sink.key), t.mode,
                                   watermark=self.schema.watermark)
-            stream = self.apply(op, schema, key_groups=key_groups, plan=m)
+            stream = stream.apply(op, schema, key_groups=key_groups, plan=m)
         warns = plan_warnings(sink)
         for w in warns:
             _warnings.warn(w, PlanWarning, stacklevel=2)
@@ -426,15 +454,22 @@ def _join_columns(on, left_on, right_on) -> tuple[tuple, tuple]:
 
 
 def read_changes(spark, path, format: str = "debezium-json", schema=None, primary_key=None,
-                 streaming: bool = False, *, name: Optional[str] = None, **kw) -> ChangelogStream:
+                 streaming: bool = False, ordered: bool = False, *, name: Optional[str] = None,
+                 **kw) -> ChangelogStream:
     """Read CDC files (``debezium-json``, ``canal-json``, ``maxwell-json``, ``changelog``).
-    ``name``: how ``explain`` calls the source (default: the format)."""
+
+    ``ordered=True`` declares that a streaming read brings each key's changes in
+    source-sequence order (files arrive in log order), so the planner puts no
+    ChangelogNormalize in front of joins, materializers and sinks; explain says
+    what that risks (docs/semantics.md, section 10).  ``name``: how ``explain``
+    calls the source (default: the format)."""
     from .connectors.cdc_json import read_changes as _read
     res = _read(spark, path, format=format, schema=schema, primary_key=primary_key,
                 streaming=streaming, **kw)
     s = res.stream_schema
-    plan = Source(name, tuple(s.columns), tuple(s.primary_key), s.mode,
-                  tuple(s.upsert_key) if s.upsert_key else ()) if name else None
+    plan = Source(name or format, tuple(s.columns), tuple(s.primary_key), s.mode,
+                  tuple(s.upsert_key) if s.upsert_key else (), streaming=bool(streaming),
+                  declared_ordered=bool(ordered))
     return ChangelogStream(res.changes, s, res, plan=plan)
 
 

@@ -6,6 +6,12 @@ of tests/test_regular_join.py) are written as several parquet files per side
 (one directory per side, one file per micro-batch of its streaming source).
 The emitted changelog, applied as a multiset (+I/+U add a row, -U/-D remove
 one equal row), must equal the oracle's output applied the same way.
+
+A side with a primary key gets its files out of sequence order (file
+modification times in a drawn order, so the streaming source reads a later
+part of the log in an earlier micro-batch): the planner's ChangelogNormalize
+restores each key's order (docs/semantics.md, section 10).  A side without a
+key keeps its files in order: nothing can restore per-row order without a key.
 """
 from __future__ import annotations
 
@@ -46,7 +52,9 @@ def changelogs(draw):
     it = [iter(left), iter(right)]
     steps = [(s, *next(it[s])) for s in sides]          # _seq = position: one global order
     files = (draw(st.integers(1, 2)), draw(st.integers(1, 3)))
-    return uniq, steps, files
+    # the order the streaming source reads each side's files in
+    file_order = (draw(st.permutations(range(2))), draw(st.permutations(range(3))))
+    return uniq, steps, files, file_order
 
 
 def apply_multiset(changes) -> Counter:
@@ -73,16 +81,20 @@ def oracle(how, uniq, steps) -> Counter:
     return apply_multiset(out)
 
 
-def write_side(directory, rows, n_files, schema, cols):
-    """rows: (kind, row, seq) in order, split into ``n_files`` consecutive files."""
+def write_side(directory, rows, n_files, schema, cols, read_order=None):
+    """rows: (kind, row, seq) in order, split into ``n_files`` consecutive files;
+    ``read_order``: a permutation; file ``i`` gets the ``read_order``-th
+    modification time, which is the order Spark's file stream source reads them in."""
     os.makedirs(directory, exist_ok=True)
     n_files = max(1, min(n_files, len(rows)))
     bounds = [round(i * len(rows) / n_files) for i in range(n_files + 1)]
+    ranks = [r for r in (read_order or range(n_files)) if r < n_files]
     for i in range(n_files):
         part = rows[bounds[i]:bounds[i + 1]]
         frame = to_frame([[k, list(r), s] for k, r, s in part], cols)
-        pq.write_table(pa.Table.from_pandas(frame, schema=schema, preserve_index=False),
-                       os.path.join(directory, f"part-{i:04d}.parquet"))
+        path = os.path.join(directory, f"part-{i:04d}.parquet")
+        pq.write_table(pa.Table.from_pandas(frame, schema=schema, preserve_index=False), path)
+        os.utime(path, (1_700_000_000 + 10 * ranks[i], 1_700_000_000 + 10 * ranks[i]))
     return n_files
 
 
@@ -107,13 +119,15 @@ _counter = [0]
                                                                 HealthCheck.function_scoped_fixture])
 @given(sc=changelogs().filter(lambda sc: len(sc[1]) >= 8))
 def test_spark_join_final_table_equals_oracle(spark, tmp_path, how, sc):
-    uniq, steps, files = sc
+    uniq, steps, files, file_order = sc
     _counter[0] += 1
     base = str(tmp_path / f"ex{_counter[0]}")
     lrows = [(k, r, i) for i, (s, k, r) in enumerate(steps) if s == 0]
     rrows = [(k, r, i) for i, (s, k, r) in enumerate(steps) if s == 1]
-    nl = write_side(os.path.join(base, "L"), lrows, files[0], LARROW, LCOLS)
-    nr = write_side(os.path.join(base, "R"), rrows, files[1], RARROW, RCOLS)
+    nl = write_side(os.path.join(base, "L"), lrows, files[0], LARROW, LCOLS,
+                    file_order[0] if uniq[0] != "none" else None)
+    nr = write_side(os.path.join(base, "R"), rrows, files[1], RARROW, RCOLS,
+                    file_order[1] if uniq[1] != "none" else None)
     want = oracle(how, uniq, steps)
 
     got_batch = apply_multiset(emitted(query(spark, base, how, uniq, False).df.toArrow()))

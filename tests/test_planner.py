@@ -11,9 +11,9 @@ from changelog_data import load_fixture
 from spark_changelog.model import ChangelogMode
 from spark_changelog.plan import PlanError, decide, explain_plan, materialize
 from spark_changelog.plan.expressions import cast_is_injective, classify, is_nondeterministic
+from spark_changelog.plan.rules import order_input
 from spark_changelog.plan.traits import (Join, Normalize, Project, ProjectItem, Sink, Source,
-                                         join_input_specs, join_state_unique_key,
-                                         prepare_join_input)
+                                         join_input_specs, join_state_unique_key)
 
 R, U, I = ChangelogMode.RETRACT, ChangelogMode.UPSERT, ChangelogMode.INSERT_ONLY
 
@@ -92,12 +92,73 @@ def test_seed_join_specs_and_state_keys_match_flink():
 
 def test_upsert_input_of_a_join_gets_normalize():
     up = Source("u", ("id", "v"), ("id",), U)
-    prepared = prepare_join_input(up)
+    prepared = order_input(up, "join")
     assert isinstance(prepared, Normalize) and prepared.auto and prepared.key == ("id",)
     assert prepared.traits.mode is R
-    assert prepare_join_input(S1) is S1
+    assert order_input(S1, "join") is S1
     text = explain_plan(Join(prepared, S2, ("v",), ("id",)))
     assert "ChangelogNormalize(key=[id], inserted: upsert input of a join" in text
+
+
+# --------------------------------------------------------------------------- order guarantee
+# (docs/semantics.md, section 10): (source facts, consumer, update_before) ->
+# (normalize inserted?, its key, generate_update_before)
+ORDER_CASES = [
+    # a streaming CDC source is not ordered: every order-sensitive consumer gets a normalize
+    (dict(mode=R, streaming=True), "join", True, (True, ("id",), True)),
+    (dict(mode=R, streaming=True), "upsert sink", False, (True, ("id",), False)),
+    (dict(mode=R, streaming=True), "sink upsert materializer", True, (True, ("id",), True)),
+    # bounded: the runtime sorts each key's changes by _seq, nothing to restore
+    (dict(mode=R, streaming=False), "join", True, (False, None, None)),
+    # insert-only: nothing to retract, order cannot change the result
+    (dict(mode=I, streaming=True), "join", True, (False, None, None)),
+    # the user vouches for the order: no normalize (explain warns)
+    (dict(mode=R, streaming=True, declared_ordered=True), "join", True, (False, None, None)),
+    # an upsert source is normalized before a join even when bounded (needs -U)
+    (dict(mode=U, streaming=False), "join", True, (True, ("id",), True)),
+]
+
+
+@pytest.mark.parametrize("facts,consumer,ub,want", ORDER_CASES)
+def test_order_input_rule(facts, consumer, ub, want):
+    src = Source("s1", ("id", "level"), ("id",), **facts)
+    node = order_input(src, consumer, update_before=ub)
+    inserted, key, gub = want
+    assert isinstance(node, Normalize) is inserted
+    if inserted:
+        assert (node.key, node.generate_update_before, node.input) == (key, gub, src)
+        assert node.traits.ordered
+    else:
+        assert node is src
+
+
+def test_order_rule_through_projection_and_explain():
+    src = Source("s1", ("id", "level"), ("id",), R, streaming=True)
+    assert not src.traits.ordered
+    p = Project(src, (ProjectItem.ref("id"), ProjectItem.ref("level", "level")))
+    assert not p.traits.ordered
+    j = Join(order_input(p, "join"), order_input(S2, "join"), ("level",), ("id",))
+    assert j.traits.ordered
+    text = explain_plan(j)
+    assert ("ChangelogNormalize(key=[id], inserted: join needs each key's changes in "
+            "source-sequence order") in text
+    # a streaming changelog that lost its key cannot be put back in order: explain
+    # and the sink's plan warnings say so
+    dropped = Project(src, (ProjectItem.ref("level"),))
+    assert order_input(dropped, "join") is dropped
+    j2 = Join(dropped, S2, ("level",), ("id",))
+    assert ("note: left input is a streaming changelog without a key: its per-row order cannot "
+            "be restored") in explain_plan(j2)
+    d = decide(dropped.traits, ("level",))
+    assert any("per-row order cannot be restored" in w for w in d.warnings)
+
+
+def test_declared_ordered_source_explains_the_risk():
+    src = Source("s1", ("id", "level"), ("id",), R, streaming=True, declared_ordered=True)
+    text = explain_plan(src)
+    assert "Source(name=[s1], fields=[id, level], primaryKey=[id], ordered=[declared])" in text
+    assert "note: declared ordered: each key's changes are applied in arrival order" in text
+    assert "keep stale rows or lose rows" in text
 
 
 def test_nondeterminism_propagates_and_normalize_clears_it():

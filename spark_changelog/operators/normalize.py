@@ -22,9 +22,9 @@ micro-batch, a replay) and must not overwrite it.  Superseded changes are
 counted, never applied.  Tombstones are kept for ``tombstone_retention_ms`` of
 processing time so that a late, older insert cannot bring a deleted key back.
 
-Vectorized: for row *i* of a key (rows sorted by key, ``_seq``) the previous
-row is row *i-1* if that was an ADD, nothing if it was a RETRACT, and the stored
-row for the first row of the key.  No per-row Python.
+The keep-last rule itself is :func:`~.deduplicate.keep_last_changes`, shared with
+the deduplicate operators (as Flink shares ``DeduplicateFunctionHelper``); this
+class adds the sequence awareness and the state.
 """
 from __future__ import annotations
 
@@ -37,24 +37,12 @@ import pyarrow as pa
 from ..model import KIND_COL, SEQ_COL, RowKind
 from ..model.rowkind import IS_ADD
 from .base import KeyedOperator, OpContext
+from .deduplicate import keep_last_changes
 from .keys import first_of_key, last_of_key, lookup_unique
 
 DELETED_COL = "_deleted"   # state: True for a tombstone
 TOUCHED_COL = "_ts"        # state: processing time of the last write/read (TTL)
 DAY_MS = 24 * 3600 * 1000
-
-
-def rows_equal(a: pd.DataFrame, b: pd.DataFrame, columns: Sequence[str]) -> np.ndarray:
-    """Row-wise equality of aligned frames, nulls equal to nulls."""
-    eq = np.ones(len(a), dtype=bool)
-    for c in columns:
-        x = a[c].to_numpy()
-        y = b[c].to_numpy()
-        both_null = pd.isna(x) & pd.isna(y)
-        with np.errstate(invalid="ignore"):
-            same = np.asarray(x == y, dtype=bool)
-        eq &= same | both_null
-    return eq
 
 
 class ChangelogNormalize(KeyedOperator):
@@ -140,38 +128,13 @@ class ChangelogNormalize(KeyedOperator):
         m.add("superseded", int((~fresh).sum()))
         rows, kinds, seq = rows[fresh].reset_index(drop=True), kinds[fresh], seq[fresh]
         spos, s_alive = spos[fresh], s_alive[fresh]
-        n = len(rows)
 
-        is_add = IS_ADD[kinds] if n else np.zeros(0, bool)
-        first = first_of_key(rows, key)
-        # Previous row of each row: index into concat([rows, state]) or -1.
-        prev_idx = np.where(first, np.where(s_alive, n + spos, -1),
-                            np.where(np.roll(is_add, 1), np.arange(n) - 1, -1))
-        has_prev = prev_idx >= 0
-        both = pd.concat([rows[cols], state[cols]], ignore_index=True) if len(state) else rows[cols]
-        prev = both.iloc[np.where(has_prev, prev_idx, 0)].reset_index(drop=True) if n else both.iloc[:0]
-
-        same = rows_equal(prev, rows, cols) & has_prev if n else np.zeros(0, bool)
-        suppress_equal = self.state_ttl_ms is None
-        # slot 0: retraction of prev (-U on update, -D on delete); slot 1: the add
-        emit_add = is_add & ~(has_prev & same & suppress_equal)
-        emit_ub = emit_add & has_prev & self.generate_update_before
-        emit_del = ~is_add & has_prev
-        add_kind = np.where(has_prev, RowKind.UPDATE_AFTER, RowKind.INSERT).astype(np.int8)
-        m.add("unchanged", int((is_add & has_prev & same & suppress_equal).sum()))
-        m.add("retract_no_match", int((~is_add & ~has_prev).sum()))
-
-        slot0 = emit_ub | emit_del
-        out0 = prev[slot0].copy()
-        out0[KIND_COL] = np.where(emit_del, RowKind.DELETE, RowKind.UPDATE_BEFORE)[slot0].astype(np.int8)
-        out0[SEQ_COL] = seq[slot0]
-        out0["__o"] = np.flatnonzero(slot0) * 2
-        out1 = rows.loc[emit_add, cols].copy()
-        out1[KIND_COL] = add_kind[emit_add]
-        out1[SEQ_COL] = seq[emit_add]
-        out1["__o"] = np.flatnonzero(emit_add) * 2 + 1
-        out = pd.concat([out0, out1], ignore_index=True).sort_values("__o", kind="stable")
-        out = out.drop(columns="__o").reset_index(drop=True)
+        # a tombstone is no previous row
+        is_add = IS_ADD[kinds] if len(rows) else np.zeros(0, bool)
+        out = keep_last_changes(rows, cols, first_of_key(rows, key), is_add, state,
+                                np.where(s_alive, spos, -1),
+                                suppress_equal=self.state_ttl_ms is None,
+                                generate_update_before=self.generate_update_before, ctx=ctx)
         m.add("rows_out", len(out))
 
         # New state: the last fresh row of each key; keys whose rows were all

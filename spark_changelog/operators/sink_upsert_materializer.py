@@ -98,6 +98,7 @@ from ..model import KIND_COL, SEQ_COL, RowKind
 from ..model.rowkind import IS_ADD
 from .base import KeyedOperator, OpContext
 from .keys import key_index
+from .kernels import factorize_rows, grouped_cummin, grouped_cumsum, run_starts
 
 Conflict = Literal["deduplicate", "error", "nothing"]
 
@@ -222,53 +223,12 @@ def _array(col: pd.Series):
     return col.to_numpy() if isinstance(col.dtype, np.dtype) else col.array
 
 
-def _factorize(df, cols: Sequence[str], codes: Optional[np.ndarray] = None
-               ) -> np.ndarray:
-    """Dense int64 codes of the rows of ``df`` (a DataFrame or :class:`_Values`),
-    equal iff all ``cols`` are equal (nulls equal nulls); ``codes``: codes of
-    further columns to combine with (e.g. the key's)."""
-    n = len(df)
-    if codes is None:
-        codes, card = np.zeros(n, dtype=np.int64), 1
-    else:
-        card = int(codes.max()) + 1 if n else 1
-    for c in cols:
-        k, uniq = pd.factorize(df[c], use_na_sentinel=False)
-        m = max(len(uniq), 1)
-        if card * m >= 2 ** 62:
-            codes = pd.factorize(codes)[0].astype(np.int64)
-            card = int(codes.max()) + 1 if n else 1
-        codes = codes * m + k
-        card *= m
-    if card > 4 * n + 16:
-        codes = pd.factorize(codes)[0].astype(np.int64)
-    return codes
 
 
-def _run_starts(x: np.ndarray) -> np.ndarray:
-    """True where a run of equal values of the (grouped) array ``x`` begins."""
-    first = np.ones(len(x), dtype=bool)
-    if len(x) > 1:
-        first[1:] = x[1:] != x[:-1]
-    return first
 
 
-def _grouped_cumsum(x: np.ndarray, first: np.ndarray) -> np.ndarray:
-    """Inclusive cumsum restarting at every ``first``."""
-    cs = np.cumsum(x)
-    run = np.cumsum(first) - 1
-    base = (cs - x)[first]
-    return cs - base[run]
 
 
-def _grouped_cummin(x: np.ndarray, first: np.ndarray) -> np.ndarray:
-    """Cumulative min restarting at every ``first`` (offset trick, one pass)."""
-    if not len(x):
-        return x.copy()
-    run = np.cumsum(first) - 1
-    span = int(x.max() - x.min()) + 1
-    shifted = x - span * run
-    return np.minimum.accumulate(shifted) + span * run
 
 
 def _nearest_greater(seg: np.ndarray, val: np.ndarray, query: np.ndarray, forward: bool
@@ -278,7 +238,7 @@ def _nearest_greater(seg: np.ndarray, val: np.ndarray, query: np.ndarray, forwar
     val[query[i]]``, or -1.  Sparse table of range maxima + binary lifting:
     ``O(n log m)`` for runs of at most m elements, no Python loop over rows."""
     n = len(val)
-    first = _run_starts(seg)
+    first = run_starts(seg)
     run = np.cumsum(first) - 1
     starts = np.flatnonzero(first)
     ends = np.r_[starts[1:], n] - 1             # last position of each run
@@ -371,13 +331,13 @@ def _replay(sk_prior: np.ndarray, grp_prior: np.ndarray, order_prior: np.ndarray
     perm = np.argsort(grp_ops, kind="stable")           # slot, then op order
     g = grp_ops[perm]
     a = add_ops[perm]
-    first = _run_starts(g)
+    first = run_starts(g)
     c_before = np.empty(n_r, dtype=np.int64)
     if replace:
         c_before[1:] = a[:-1]
     else:
-        s = init[g] + _grouped_cumsum(np.where(a, 1, -1), first)
-        c_after = s - np.minimum(_grouped_cummin(s, first), 0)
+        s = init[g] + grouped_cumsum(np.where(a, 1, -1), first)
+        c_after = s - np.minimum(grouped_cummin(s, first), 0)
         c_before[1:] = c_after[:-1]
     c_before[first] = init[g[first]]
     matched_p = ~a & (c_before > 0)
@@ -402,7 +362,7 @@ def _replay(sk_prior: np.ndarray, grp_prior: np.ndarray, order_prior: np.ndarray
     # (FIFO without upsert key; with one, creations and removals alternate)
     # (a slot's entries: its prior ones by stored order, then its created ones
     # in op order, which is the order of ``perm`` restricted to creating ops)
-    j = _grouped_cumsum(matched_p.astype(np.int64), first) - matched_p
+    j = grouped_cumsum(matched_p.astype(np.int64), first) - matched_p
     mp = np.flatnonzero(matched_p)
     gm, jm = g[mp], j[mp]
     removed = np.empty(len(mp), dtype=np.int64)
@@ -425,7 +385,7 @@ def _replay(sk_prior: np.ndarray, grp_prior: np.ndarray, order_prior: np.ndarray
     # --- per sink key: alive count around each op ---------------------------
     sk_init = np.bincount(sk_prior, minlength=n_keys)
     delta = creates.astype(np.int64) - matched
-    count_after = sk_init[sk_ops] + _grouped_cumsum(delta, _run_starts(sk_ops))
+    count_after = sk_init[sk_ops] + grouped_cumsum(delta, run_starts(sk_ops))
     count_before = count_after - delta
 
     add_pos = np.flatnonzero(add_ops)
@@ -656,7 +616,7 @@ class SinkUpsertMaterializer(KeyedOperator):
         if not due.any():
             return allrows, self.empty_output()
         is_buf = allrows[view.BUFFERED].to_numpy(dtype=bool)
-        sk_all = _factorize(allrows, self.key)
+        sk_all = factorize_rows(allrows, self.key)
         fold_key = np.zeros(int(sk_all.max()) + 1, dtype=bool)
         fold_key[sk_all[due]] = True
         folding = fold_key[sk_all]
@@ -680,7 +640,7 @@ class SinkUpsertMaterializer(KeyedOperator):
         alive_sk = rp.e_sk[alive]
         count = np.bincount(alive_sk, minlength=n_keys)
         head = np.full(n_keys, -1, dtype=np.int64)
-        head_pos = np.flatnonzero(_run_starts(alive_sk))
+        head_pos = np.flatnonzero(run_starts(alive_sk))
         head[alive_sk[head_pos]] = rp.value_at(alive[head_pos], np.full(len(head_pos), n_r))
         prev = np.full(n_keys, -1, dtype=np.int64)
         prev[sk[:n_s]] = np.arange(n_s)
@@ -702,7 +662,7 @@ class SinkUpsertMaterializer(KeyedOperator):
         changed = (new_val >= 0) & has_prev & (new_val != prev)
         if changed.any():
             both = values.frame(np.r_[prev[changed], new_val[changed]], self.data_columns)
-            codes = _factorize(both, self.data_columns)
+            codes = factorize_rows(both, self.data_columns)
             m = int(changed.sum())
             differs = codes[:m] != codes[m:]
             idx = np.flatnonzero(changed)[differs]
@@ -745,13 +705,13 @@ class SinkUpsertMaterializer(KeyedOperator):
         kinds and ``_seq``, with the ops put in processing order (sink key,
         ``_seq``, retractions first at ties)."""
         values = _Values([prior, ops], self.data_columns)
-        sk = _factorize(values, self.key)
+        sk = factorize_rows(values, self.key)
         n_s = len(prior)
         sk_r = sk[n_s:]
         seq = ops[SEQ_COL].to_numpy(dtype=np.int64)
         kinds = ops[KIND_COL].to_numpy(dtype=np.int64)
         add = IS_ADD[kinds]
-        starts = _run_starts(sk_r)
+        starts = run_starts(sk_r)
         same = ~starts[1:]
         in_order = (int(starts.sum()) == np.count_nonzero(np.bincount(sk_r))
                     and not (same & ((seq[1:] < seq[:-1])
@@ -761,7 +721,7 @@ class SinkUpsertMaterializer(KeyedOperator):
             full = np.concatenate([np.arange(n_s), n_s + perm])
             values.reorder(full)
             sk, kinds, seq = sk[full], kinds[perm], seq[perm]
-        grp = _factorize(values, self._slot_cols, codes=sk) if self._slot_cols else sk
+        grp = factorize_rows(values, self._slot_cols, codes=sk) if self._slot_cols else sk
         return values, sk, grp, kinds, seq
 
     def _alive_by_ttl(self, state: pd.DataFrame, ctx: OpContext) -> np.ndarray:

@@ -1,4 +1,18 @@
-"""Planner rules: where a SinkUpsertMaterializer goes (spec section 3).
+"""Planner rules: where a ChangelogNormalize and a SinkUpsertMaterializer go.
+
+``order_input(node, consumer)`` (docs/semantics.md, section 10): an
+order-sensitive consumer (a join side, the materializer, an upsert sink, and
+every stateful operator that keeps per-key state) must see each source key's
+changes in source-sequence order.  A streaming CDC source does not guarantee
+that: files and micro-batches can bring an older change after a newer one, and
+a join would then retract a row it has not stored yet and keep the older row
+for ever.  Where the input is not ``ordered`` the rule inserts a
+sequence-aware ChangelogNormalize on the input's upsert key: it applies each
+key's newest change and drops (and counts as ``superseded``) any change older
+than the one applied.  An upsert input of a join gets one too: the join needs
+update-before rows to retract what it emitted.
+
+Where a SinkUpsertMaterializer goes (docs/semantics.md, section 3):
 
 ``materialize(sink, strategy, conflict)`` mirrors Flink's
 ``table.exec.sink.upsert-materialize``:
@@ -21,7 +35,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from .traits import Materialize, Node, Sink, Traits, fmt_key
+from ..model import ChangelogMode
+from .traits import Materialize, Node, Normalize, Sink, Traits, fmt_key
 
 STRATEGIES = ("auto", "none", "force")
 CONFLICTS = ("deduplicate", "error", "nothing")
@@ -69,6 +84,15 @@ def nondeterminism_warnings(t: Traits) -> tuple[str, ...]:
             "keep an upsert key, or drop the column.",)
 
 
+def unordered_warnings(t: Traits, consumer: str) -> tuple[str, ...]:
+    if t.ordered:
+        return ()
+    return (f"{consumer} gets a streaming changelog without a key, so its per-row order cannot be "
+            "restored: changes are applied in arrival order, and a retraction that arrives "
+            "before its row (files or micro-batches out of sequence order) leaves a stale row. "
+            "Declare a primary key on the source (docs/semantics.md, section 10).",)
+
+
 def decide(t: Traits, sink_key, strategy: str = "auto", conflict: Optional[str] = None,
            require_on_conflict: bool = False) -> MaterializeDecision:
     """The materializer decision for a sink with ``sink_key`` over input traits ``t``."""
@@ -78,7 +102,7 @@ def decide(t: Traits, sink_key, strategy: str = "auto", conflict: Optional[str] 
     if conflict is not None and conflict not in CONFLICTS:
         raise PlanError(f"conflict must be one of {CONFLICTS}, got {conflict!r}")
     sk = tuple(sink_key or ())
-    warnings = nondeterminism_warnings(t)
+    warnings = nondeterminism_warnings(t) + unordered_warnings(t, "the sink")
     if strategy == "none" and conflict is not None:
         raise PlanError(
             f"conflict={conflict!r} (ON CONFLICT DO {conflict.upper()}) needs the sink upsert "
@@ -133,6 +157,35 @@ def materialize(sink: Sink, strategy: Optional[str] = None, conflict: Optional[s
     return dataclasses.replace(sink, input=inp, strategy=strategy, conflict=conflict, decision=d)
 
 
+def order_input(node: Node, consumer: str, update_before: bool = True) -> Node:
+    """``node``, or a ChangelogNormalize over it that restores per-key order.
+
+    ``consumer`` names what needs the order (for explain); ``update_before``:
+    whether the consumer needs ``-U`` rows (a join or a materializer does, an
+    upsert sink keyed by the upsert key does not).
+    """
+    t = node.traits
+    upsert_input = t.mode is ChangelogMode.UPSERT and consumer.startswith("join")
+    if t.ordered and not upsert_input:
+        return node
+    key = t.upsert_key or (t.unique_keys[0] if t.unique_keys else None)
+    if not key:
+        if upsert_input:
+            raise PlanError("an upsert stream without a key cannot be joined: give it a primary key")
+        # no key to restore the order by: the changes are applied as they arrive;
+        # join_traits and decide() say so in explain and as a plan warning
+        return node
+    if not t.ordered:
+        why = (f"{consumer} needs each key's changes in source-sequence order; a streaming source "
+               "may bring them out of order across files and micro-batches (older changes are "
+               "dropped and counted as superseded)")
+    else:
+        why = ("upsert input of a join needs update-before: the join must retract what it "
+               "emitted for the key")
+        update_before = True
+    return Normalize(node, tuple(key), update_before, inserted_because=why)
+
+
 def plan_warnings(node: Node) -> list[str]:
     out: list[str] = []
 
@@ -146,4 +199,5 @@ def plan_warnings(node: Node) -> list[str]:
 
 
 __all__ = ["MaterializeDecision", "PlanError", "decide", "materialize", "needs_materializer",
+           "order_input", "unordered_warnings",
            "nondeterminism_warnings", "plan_warnings", "STRATEGIES", "CONFLICTS"]

@@ -29,6 +29,17 @@ Rules (Flink's ``FlinkRelMdUniqueKeys``/``FlinkRelMdUpsertKeys``):
   the same rule applied to the sides' upsert keys after their exchange (the
   "is the other side unique on its join key" test uses unique keys).  The
   output is a retract stream if an input has updates or the join is outer.
+
+Order (docs/semantics.md, "Order guarantee"): ``ordered`` says each key's
+changes reach the next operator in source-sequence order whatever order files
+or micro-batches bring them in.  A bounded source is ordered (the runtime sorts
+each key group's rows by ``_seq``); so is an insert-only one (nothing to
+retract).  A streaming source with updates is not, unless the user declares it
+(``ordered=True``).  ChangelogNormalize restores it (it drops changes older than
+the key's applied one); projections keep it; a join or materializer emits its
+own consistent changelog, so its output is ordered.  ``rules.order_input`` puts a
+ChangelogNormalize in front of every order-sensitive consumer of an unordered
+input.
 """
 from __future__ import annotations
 
@@ -72,6 +83,7 @@ class Traits:
     nondeterministic: frozenset = frozenset()
     has_watermark: bool = False
     notes: tuple[str, ...] = ()               # why a key was lost, auto-inserted steps, ...
+    ordered: bool = True                      # per-key changes arrive in sequence order
 
     def describe(self) -> str:
         return (f"changelogMode=[{self.mode.kinds[1:-1]}], uniqueKeys={fmt_keys(self.unique_keys)}, "
@@ -104,9 +116,19 @@ class Source(Node):
     upsert_key: Optional[Key] = None   # default: the primary key
     nondeterministic: frozenset = frozenset()
     has_watermark: bool = False
+    streaming: bool = False
+    declared_ordered: bool = False     # the user vouches for per-key arrival order
+
+    @property
+    def ordered(self) -> bool:
+        """Each key's changes arrive in sequence order (see the module docstring)."""
+        return self.declared_ordered or not self.streaming or not self.mode.has_updates
 
     def label(self) -> str:
-        return f"Source(name=[{self.name}], fields=[{', '.join(self.columns)}], primaryKey={fmt_key(self.primary_key)})"
+        extra = ", ordered=[declared]" if self.declared_ordered and self.streaming \
+            and self.mode.has_updates else ""
+        return (f"Source(name=[{self.name}], fields=[{', '.join(self.columns)}], "
+                f"primaryKey={fmt_key(self.primary_key)}{extra})")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -187,14 +209,18 @@ class Normalize(Node):
     input: Node
     key: Key
     generate_update_before: bool = True
-    auto: bool = False          # inserted by the planner (upsert input of a join)
+    inserted_because: str = ""   # set when the planner inserted it (rules.order_input)
 
     @property
     def children(self):
         return (self.input,)
 
+    @property
+    def auto(self) -> bool:
+        return bool(self.inserted_because)
+
     def label(self) -> str:
-        why = ", inserted: upsert input of a join needs update-before" if self.auto else ""
+        why = f", inserted: {self.inserted_because}" if self.auto else ""
         return f"ChangelogNormalize(key={fmt_key(self.key)}{why})"
 
 
@@ -270,8 +296,14 @@ class Sink(Node):
 def source_traits(node: Source) -> Traits:
     pk = _key(node.primary_key)
     up = _key(node.upsert_key) if node.upsert_key is not None else pk
+    notes = ()
+    if node.streaming and node.mode.has_updates and node.declared_ordered:
+        notes = ("declared ordered: each key's changes are applied in arrival order. If files or "
+                 "micro-batches bring a key's changes out of source-sequence order, a join, "
+                 "materializer or sink can apply a retraction before its row and keep stale rows "
+                 "or lose rows",)
     return Traits(tuple(node.columns), node.mode, _dedup_keys([pk]), up or None,
-                  frozenset(node.nondeterministic), node.has_watermark)
+                  frozenset(node.nondeterministic), node.has_watermark, notes, node.ordered)
 
 
 def project_traits(t: Traits, items: Sequence[ProjectItem]) -> Traits:
@@ -299,7 +331,7 @@ def project_traits(t: Traits, items: Sequence[ProjectItem]) -> Traits:
         if not it.deterministic or any(c in t.nondeterministic for c in reads):
             nd.add(it.name)
     return Traits(tuple(i.name for i in items), t.mode, uks, up, frozenset(nd), t.has_watermark,
-                  tuple(notes))
+                  tuple(notes), t.ordered)
 
 
 def normalize_traits(t: Traits, key: Key, generate_update_before: bool = True) -> Traits:
@@ -374,6 +406,10 @@ def join_traits(left: Traits, right: Traits, left_keys: Key, right_keys: Key,
         notes.append(f"the {kept} side keeps its upsert key {fmt_key(l_up or r_up)}, but the "
                      f"{other} side is not unique on its join key {fmt_key(other_keys)} and has no "
                      f"upsert key left, so the output has no upsert key")
+    for side, t in (("left", left), ("right", right)):
+        if not t.ordered:
+            notes.append(f"{side} input is a streaming changelog without a key: its per-row order "
+                         "cannot be restored, changes are joined in arrival order")
     updates = left.mode.has_updates or right.mode.has_updates or how != "inner"
     mode = ChangelogMode.RETRACT if updates else ChangelogMode.INSERT_ONLY
     nd = frozenset(left.nondeterministic) | frozenset(rn[c] for c in right.nondeterministic)
@@ -415,12 +451,7 @@ def infer(node: Node) -> Traits:
     if isinstance(node, WatermarkAssigner):
         return dataclasses.replace(node.input.traits, has_watermark=True, notes=())
     if isinstance(node, Normalize):
-        t = normalize_traits(node.input.traits, node.key, node.generate_update_before)
-        if node.auto:
-            t = dataclasses.replace(t, notes=(
-                "inserted automatically: the join input is an upsert stream, and the join needs "
-                "update-before (-U) rows to retract what it emitted",))
-        return t
+        return normalize_traits(node.input.traits, node.key, node.generate_update_before)
     if isinstance(node, Join):
         return join_traits(node.left.traits, node.right.traits, node.left_keys, node.right_keys,
                            node.how)
@@ -434,21 +465,9 @@ def infer(node: Node) -> Traits:
     raise TypeError(f"unknown plan node {type(node).__name__}")
 
 
-def prepare_join_input(node: Node) -> Node:
-    """An upsert-mode input gets a ChangelogNormalize (with update-before) in
-    front of the join: the join must emit retractions of rows it only knows
-    from the upsert stream by key (Flink's ChangelogNormalize after upsert sources)."""
-    t = node.traits
-    if t.mode is ChangelogMode.UPSERT:
-        key = t.upsert_key or (t.unique_keys[0] if t.unique_keys else None)
-        if not key:
-            raise ValueError("an upsert stream without a key cannot be joined: give it a primary key")
-        return Normalize(node, key, True, auto=True)
-    return node
-
-
-__all__ = ["Traits", "Node", "Source", "Project", "ProjectItem", "Filter", "Normalize", "Join", "Materialize",
+__all__ = ["Traits", "Node", "Source", "Project", "ProjectItem", "Filter", "Normalize", "Join",
+           "Materialize",
            "WatermarkAssigner",
            "Sink", "infer", "source_traits", "project_traits", "normalize_traits", "join_traits",
            "exchange_upsert_key", "join_output_names", "join_input_specs", "join_state_unique_key",
-           "prepare_join_input", "fmt_key", "fmt_keys"]
+           "fmt_key", "fmt_keys"]

@@ -34,6 +34,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from ..operators.kernels import ranges_to_indices
+
 CLEARED_COL = "__cleared"
 
 
@@ -57,13 +59,6 @@ def _factorize_keys(df: pd.DataFrame, key: Sequence[str]):
     return codes, uniques
 
 
-def _ranges_to_indices(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
-    """Concatenated ``arange(s, s+l)`` for each range, vectorized."""
-    total = int(lens.sum())
-    if total == 0:
-        return np.zeros(0, dtype=np.int64)
-    offsets = np.repeat(starts - np.concatenate(([0], np.cumsum(lens)[:-1])), lens)
-    return offsets + np.arange(total, dtype=np.int64)
 
 
 @dataclasses.dataclass
@@ -148,7 +143,7 @@ class RunStack:
             hit = pos >= 0
             if hit.any():
                 p = pos[hit]
-                parts.append(run.rows.take(_ranges_to_indices(run.starts[p], run.lens[p])))
+                parts.append(run.rows.take(ranges_to_indices(run.starts[p], run.lens[p])))
                 idx = np.flatnonzero(unresolved)[hit]
                 unresolved[idx] = False
         if not parts:
@@ -215,7 +210,7 @@ def merge_runs(older: Run, newer: Run, key: Sequence[str], *, full: bool, retain
     rows rejected by ``retain`` are dropped."""
     if len(older.uniques) and len(newer.uniques):
         shadowed = np.asarray(older.uniques.isin(newer.uniques), dtype=bool)
-        keep_old = _ranges_to_indices(older.starts[~shadowed], older.lens[~shadowed])
+        keep_old = ranges_to_indices(older.starts[~shadowed], older.lens[~shadowed])
         rows = concat_rows([older.rows.take(keep_old), newer.rows])
     else:
         rows = concat_rows([older.rows, newer.rows])

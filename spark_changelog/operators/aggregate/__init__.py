@@ -1,0 +1,1 @@
+"""Aggregations over changelogs: retracting accumulators and the group aggregate."""

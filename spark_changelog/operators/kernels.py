@@ -1,0 +1,188 @@
+"""Vectorized building blocks shared by the keyed operators.
+
+Operators work on the rows of one key group at a time, sorted by key (then
+``_seq``); these helpers answer "per run of equal keys" questions for all runs
+at once with numpy, so no operator loops over keys or rows in Python
+(docs/operators.md, "how operators are vectorized").
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Optional, Sequence
+
+import numpy as np
+import pandas as pd
+
+
+def run_starts(x: np.ndarray) -> np.ndarray:
+    """True where a run of equal values of the (grouped) array ``x`` begins."""
+    first = np.ones(len(x), dtype=bool)
+    if len(x) > 1:
+        first[1:] = x[1:] != x[:-1]
+    return first
+
+
+def run_ends(x: np.ndarray) -> np.ndarray:
+    """True where a run of equal values of the (grouped) array ``x`` ends."""
+    last = np.ones(len(x), dtype=bool)
+    if len(x) > 1:
+        last[:-1] = x[1:] != x[:-1]
+    return last
+
+
+def grouped_cumsum(x: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """Inclusive cumsum restarting at every ``first``."""
+    if not len(x):
+        return x.copy()
+    cs = np.cumsum(x)
+    run = np.cumsum(first) - 1
+    base = (cs - x)[first]
+    return cs - base[run]
+
+
+def grouped_cummin(x: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """Cumulative min restarting at every ``first`` (offset trick, one pass)."""
+    if not len(x):
+        return x.copy()
+    run = np.cumsum(first) - 1
+    span = int(x.max() - x.min()) + 1
+    shifted = x - span * run
+    return np.minimum.accumulate(shifted) + span * run
+
+
+def clamped_count(initial: np.ndarray, delta: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """Running ``c = max(0, c + d)`` per run, for all runs at once.
+
+    ``initial``: the count before the run, given at every position (constant
+    within a run); ``delta``: +1/-1 (or 0) per position; ``first``: run starts.
+    Returns the count *after* each position.  Reflection formula: with
+    ``S_t = initial + sum(d[..t])``, ``c_t = S_t - min(0, min_{s<=t} S_s)``.
+    A decrement at a count of zero is thus ignored (a retraction with nothing
+    to retract)."""
+    if not len(delta):
+        return np.zeros(0, dtype=np.int64)
+    s = grouped_cumsum(delta.astype(np.int64), first) + initial.astype(np.int64)
+    low = np.minimum(grouped_cummin(s, first), 0)
+    return s - low
+
+
+def group_sum(values: np.ndarray, group: np.ndarray, n_groups: int) -> np.ndarray:
+    """Exact per-group sum (int stays int, unlike ``np.bincount`` weights)."""
+    out = np.zeros(n_groups, dtype=values.dtype if values.dtype != bool else np.int64)
+    np.add.at(out, group, values)
+    return out
+
+
+def ranges_to_indices(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """Concatenated ``arange(s, s + l)`` for each range, vectorized."""
+    lens = np.asarray(lens, dtype=np.int64)
+    total = int(lens.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    offsets = np.repeat(np.asarray(starts, dtype=np.int64)
+                        - np.concatenate(([0], np.cumsum(lens)[:-1])), lens)
+    return offsets + np.arange(total, dtype=np.int64)
+
+
+def factorize_rows(df, cols: Sequence[str], codes: Optional[np.ndarray] = None) -> np.ndarray:
+    """Dense int64 codes of the rows of ``df`` (anything indexable by column
+    name with a length), equal iff all ``cols`` are equal (nulls equal
+    nulls); ``codes``: codes of further columns to combine with (e.g. the
+    key's)."""
+    n = len(df)
+    if codes is None:
+        codes, card = np.zeros(n, dtype=np.int64), 1
+    else:
+        card = int(codes.max()) + 1 if n else 1
+    for c in cols:
+        k, uniq = pd.factorize(df[c], use_na_sentinel=False)
+        m = max(len(uniq), 1)
+        if card * m >= 2 ** 62:
+            codes = pd.factorize(codes)[0].astype(np.int64)
+            card = int(codes.max()) + 1 if n else 1
+        codes = codes * m + k
+        card *= m
+    if card > 4 * n + 16:
+        codes = pd.factorize(codes)[0].astype(np.int64)
+    return codes
+
+
+def key_codes(df: pd.DataFrame, key: Sequence[str]) -> tuple[np.ndarray, int]:
+    """Codes 0..n-1 of the key of each row of ``df`` (sorted by key), in order
+    of first appearance, and the number of distinct keys."""
+    if not len(df):
+        return np.zeros(0, dtype=np.int64), 0
+    codes = factorize_rows(df, key)
+    codes = pd.factorize(codes)[0].astype(np.int64)
+    return codes, int(codes.max()) + 1
+
+
+def grouped_cummax(x: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """Cumulative max restarting at every ``first``."""
+    if not len(x):
+        return x.copy()
+    return -grouped_cummin(-x, first)
+
+
+def rows_equal(a: pd.DataFrame, b: pd.DataFrame, columns: Sequence[str]) -> np.ndarray:
+    """Row-wise equality of aligned frames, nulls equal to nulls."""
+    eq = np.ones(len(a), dtype=bool)
+    for c in columns:
+        x = a[c].to_numpy()
+        y = b[c].to_numpy()
+        both_null = pd.isna(x) & pd.isna(y)
+        with np.errstate(invalid="ignore"):
+            same = np.asarray(x == y, dtype=bool)
+        eq &= same | both_null
+    return eq
+
+
+def event_time_ms(col: pd.Series) -> np.ndarray:
+    """Event times as int64 epoch milliseconds: integer columns are taken as
+    milliseconds, timestamps are converted.  Nulls are an error (an event
+    time is needed to place the row)."""
+    if col.isna().any():
+        raise ValueError(f"event time column {col.name!r} has {int(col.isna().sum())} null "
+                         "value(s); every row needs an event time")
+    if pd.api.types.is_datetime64_any_dtype(col.dtype):
+        if getattr(col.dt, "tz", None) is not None:
+            col = col.dt.tz_convert("UTC").dt.tz_localize(None)
+        return col.astype("datetime64[ms]").to_numpy().view(np.int64)
+    return col.to_numpy(dtype=np.int64)
+
+
+def concat_frames(frames) -> pd.DataFrame:
+    """``pd.concat`` of the non-empty frames (the first frame if all are
+    empty).  All-null columns are expected (tombstones, cleared values), so
+    pandas' warning about them changing dtypes is silenced."""
+    frames = list(frames)
+    nonempty = [f for f in frames if len(f)]
+    if len(nonempty) <= 1:
+        return (nonempty or frames[:1])[0].reset_index(drop=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        return pd.concat(nonempty, ignore_index=True)
+
+
+def fifo_survivors(slot: np.ndarray, delta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Queues of equal entries where an add (``delta`` +1) appends and a
+    retraction (-1) removes the *oldest* entry, or is ignored when the queue
+    is empty.  ``slot``: the queue of each position, positions sorted by slot
+    then time.  Returns ``(alive, ignored)``: the adds whose entry survives,
+    and the retractions that found nothing.
+
+    As removals always take the oldest, the survivors of a queue are its last
+    ``c`` adds, ``c`` its final length (:func:`clamped_count`)."""
+    n = len(slot)
+    if not n:
+        return np.zeros(0, dtype=bool), np.zeros(0, dtype=bool)
+    first, last = run_starts(slot), run_ends(slot)
+    delta = np.asarray(delta, dtype=np.int64)
+    count = clamped_count(np.zeros(n, dtype=np.int64), delta, first)
+    before = np.where(first, 0, np.r_[0, count[:-1]])
+    ignored = (delta < 0) & (before == 0)
+    run = np.cumsum(first) - 1
+    final = count[last]
+    is_add = delta > 0
+    adds_to_end = grouped_cumsum(is_add[::-1].astype(np.int64), last[::-1])[::-1]
+    return is_add & (adds_to_end <= final[run]), ignored
