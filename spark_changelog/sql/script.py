@@ -50,7 +50,7 @@ CONNECTORS = ("filesystem", "delta", "jdbc", "postgres", "print", "blackhole")
 CONNECTOR_OPTIONS = {
     "filesystem": ("changelog.kind-column", "changelog.seq-column", "csv.field-delimiter",
                    "csv.quote-character", "csv.escape-character",
-                   "source.max-files-per-trigger", "source.monitor-interval"),
+                   "source.max-files-per-trigger", "source.monitor-interval", "source.ordered"),
     "delta": (),
     "postgres": ("url", "table-name", "username", "password"),
     "print": ("print-identifier",),

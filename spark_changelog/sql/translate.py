@@ -28,7 +28,6 @@ their line and column.
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Optional
 
 from sqlglot import exp
@@ -41,7 +40,7 @@ from .dialect import Descriptor, Flink, TableArgument, WINDOW_TVFS
 from .errors import SqlError, UnsupportedFeature
 from .predicate import JoinCondition, UnsupportedCondition
 from .script import (ExplainDef, InsertDef, Position, QueryDef, Script, SetOption, StatementSet,
-                     TableDef, ViewDef, node_position, spark_type)
+                     TableDef, ViewDef, node_position)
 
 
 def _timestamp_ltz(args: list) -> exp.Expr:
@@ -398,6 +397,7 @@ class Translator:
                      "escape-character": "escape"}
             if csv:
                 kw["csv_options"] = {names[k]: v for k, v in csv.items()}
+        kw["ordered"] = c.option("source.ordered", "false").lower() == "true"
         files = c.option("source.max-files-per-trigger")
         max_files = int(files) if files else self.max_files_per_trigger
         try:
@@ -663,4 +663,4 @@ def _normal_type(spark_sql_type: Optional[str]) -> Optional[str]:
 
 
 __all__ = ["Translator", "PlannedInsert", "Relation", "Field", "Settings", "FUNCTION_MAP",
-           "spark_type", "postgres_conninfo"]
+           "postgres_conninfo"]

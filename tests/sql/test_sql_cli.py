@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pathlib
 
-import pytest
 
 from sql_inputs import source_options, write_changelog
 from spark_changelog.cli import main

@@ -13,7 +13,7 @@ from sqlglot import exp
 
 from spark_changelog.sql.dialect import Flink, StatementSetBegin
 from spark_changelog.sql.errors import SqlError, UnsupportedFeature
-from spark_changelog.sql.script import (ExplainDef, InsertDef, SetOption, StatementSet, TableDef,
+from spark_changelog.sql.script import (ExplainDef, InsertDef, SetOption, StatementSet,
                                         ViewDef, parse_script)
 from spark_changelog.sql.translate import Translator
 
@@ -52,7 +52,7 @@ def test_seed_000_students_parses_and_names_group_by_as_not_there_yet():
     assert [c.nullable for c in students.columns] == [False] * 4
     assert report.primary_key == ("student_info",)
     assert students.connector.reader_format == "debezium-json"
-    assert isinstance(s.views["v"], ViewDef) and not s.views["v"].temporary is False
+    assert isinstance(s.views["v"], ViewDef) and s.views["v"].temporary
     with pytest.raises(UnsupportedFeature) as e:
         list(Translator(None, s).statements())
     assert (e.value.line, e.value.col) == (19, 7)

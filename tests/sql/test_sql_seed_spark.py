@@ -150,3 +150,21 @@ CREATE TABLE lv (level BIGINT, PRIMARY KEY (level) NOT ENFORCED)
     assert "TIMESTAMP_MILLIS(`t`) AS ts" in text
     assert "conflictStrategy=[NOTHING]" in text and "Filter(where=[`level` > 0])" in text
     assert "where=[id = id0]" in text and "watermark=[ts - 59999 ms]" in text
+
+
+def test_streaming_sources_get_their_order_restored_unless_declared_ordered(spark, seed, tmp_path):
+    """A streaming CDC source may bring a key's changes out of order across
+    files: the planner puts a ChangelogNormalize before the join (docs/semantics.md,
+    section 10); 'source.ordered' = 'true' declares the order and removes it."""
+    from spark_changelog.sql.translate import Translator
+    base, _ = seed
+
+    def plan(extra):
+        s = script(base, str(tmp_path / "t1"), extra_source_options=extra)
+        (_, planned), = [x for x in Translator(spark, s, streaming=True).statements() if x[1]]
+        return planned[0].explain()
+    default = plan("")
+    assert default.count("ChangelogNormalize(key=[id], inserted: join needs each key's changes "
+                         "in source-sequence order") == 2
+    declared = plan("'source.ordered' = 'true'")
+    assert "ChangelogNormalize" not in declared and "ordered=[declared]" in declared
