@@ -178,3 +178,60 @@ def test_materializer_cases_through_sql_print_sink(spark, tmp_path):
                  for r in runs}
     assert decisions["t1_M2n_seed_case2_order_no_materializer"] is False
     assert decisions["t1_S1_no_upsert_key"] is True
+
+
+EXPLAINS = {e["name"]: e for e in load_fixture("flink/materializer.json")["explains"]}
+#: where we deliberately differ from Flink 2.3 (docs/sql.md, "Differences from Flink")
+OURS = {
+    # no ON CONFLICT: Flink 2.3 requires it by default; we follow the seeds (auto materializer)
+    "seed_no_on_conflict": "plans",
+    # materialize NONE + DO DEDUPLICATE: Flink ignores the clause silently (FLINK-41007)
+    "seed_none_do_deduplicate": "FLINK-41007",
+}
+
+
+@pytest.mark.parametrize("name", [n for n in EXPLAINS if n != "seed_select_only"])
+def test_recorded_seed_explains_through_sql(spark, tmp_path, name):
+    """Flink's EXPLAIN CHANGELOG_MODE of the seed query under each setting:
+    the same materializer decision and conflict strategy, or the same refusal."""
+    from spark_changelog.sql.errors import SqlError
+    e = EXPLAINS[name]
+    case = MATERIALIZER["M0_seed_join_into_pk_sink"]
+    paths = write_inputs(case, tmp_path)
+    sets = "".join(f"SET '{k}' = '{v}';\n" for k, v in e["config"].items())
+    text = f"{ddl(case, paths)};\n{e['ddl'][0]};\n{sets}{e['statement']};"
+
+    def explain():
+        (_, planned), = [x for x in Translator(spark, parse_script(text, name)).statements()
+                         if x[1] is not None]
+        return planned[0].explain()
+    if e.get("error") and OURS.get(name) != "plans":
+        words = re.search(r"(requires all source tables to define watermarks|upsert key that "
+                          r"differs from the primary key)", e["error"])
+        with pytest.raises(SqlError, match=words.group(1).replace("source tables", "sources")):
+            explain()
+        return
+    if OURS.get(name) == "FLINK-41007":
+        with pytest.raises(SqlError, match="FLINK-41007"):
+            explain()
+        return
+    flink_sink = next(line for line in e.get("explain_changelog_mode", [])
+                      if line.startswith("Sink(")) if "explain_changelog_mode" in e else \
+        "upsertMaterialize=[true]"
+    ours = explain().splitlines()[0]
+    assert ("upsertMaterialize=[true]" in ours) == ("upsertMaterialize=[true]" in flink_sink)
+    strategy = re.search(r"conflictStrategy=\[(\w+)\]", flink_sink)
+    if strategy:
+        assert f"conflictStrategy=[{strategy.group(1)}]" in ours
+
+
+def test_strict_on_conflict_setting_refuses_like_flink(spark, tmp_path):
+    e = EXPLAINS["seed_no_on_conflict"]
+    case = MATERIALIZER["M0_seed_join_into_pk_sink"]
+    paths = write_inputs(case, tmp_path)
+    text = (f"{ddl(case, paths)};\n{e['ddl'][0]};\n"
+            f"SET 'table.exec.sink.require-on-conflict' = 'true';\n{e['statement']};")
+    from spark_changelog.sql.errors import SqlError
+    with pytest.raises(SqlError, match="upsert key that differs from the primary key") as err:
+        list(Translator(spark, parse_script(text, "strict.sql")).statements())
+    assert err.value.line == 5
