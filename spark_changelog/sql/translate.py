@@ -27,8 +27,11 @@ their line and column.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from typing import Optional
+import logging
+import re
+from typing import Optional, Sequence
 
 from sqlglot import exp
 
@@ -318,7 +321,8 @@ class Translator:
         where = q.args.get("where")
         if where is not None:
             cond = self.spark_sql(where.this, rel, pos)
-            rel = Relation(rel.stream.where(cond), rel.fields)
+            with self._analysis("condition", [where.this], node_position(where.this, pos)):
+                rel = Relation(rel.stream.where(cond), rel.fields)
         return self.project(rel, q.expressions, pos)
 
     def _check_select(self, q: exp.Select, pos: Position) -> None:
@@ -415,7 +419,10 @@ class Translator:
             if col.proctime:
                 stream = rel.stream.with_column(col.name, "current_timestamp()", deterministic=False)
             else:
-                stream = rel.stream.with_column(col.name, self.spark_sql(col.expression, rel, pos))
+                expr = self.spark_sql(col.expression, rel, pos)
+                with self._analysis(f"computed column {col.name}", [col.expression],
+                                    node_position(col.expression, pos)):
+                    stream = rel.stream.with_column(col.name, expr)
             rel = Relation(stream, rel.fields + (Field(t.name, col.name, col.name),))
         order = tuple(col.name for col in t.columns)
         if tuple(rel.stream.schema.columns) != order:
@@ -552,16 +559,36 @@ class Translator:
         same = [f.column for f in rel.fields] == list(named.values()) == list(named) and \
             tuple(stream.schema.columns) == tuple(named)
         if not same:
-            stream = self._select(stream, named, pos)
+            first = node_position(items[0], pos) if items else pos
+            stream = self._select(stream, named, first, items)
         return Relation(stream, tuple(Field(None, f.name, f.column) for f in fields))
 
-    def _select(self, stream: ChangelogStream, named: dict, pos: Position) -> ChangelogStream:
-        from pyspark.errors import AnalysisException
-        try:
+    def _select(self, stream: ChangelogStream, named: dict, pos: Position,
+                nodes: Sequence[exp.Expr] = ()) -> ChangelogStream:
+        with self._analysis("projection", nodes, pos):
             return stream.select(**named)
+
+    @contextlib.contextmanager
+    def _analysis(self, what: str, nodes: Sequence[exp.Expr], pos: Position):
+        """Spark's analysis errors (unknown function, wrong argument types) as a
+        SqlError at the function it names (else at ``pos``), without PySpark
+        logging the exception on the terminal first."""
+        from pyspark.errors import AnalysisException
+        loggers = [logging.getLogger(n) for n in ("SQLQueryContextLogger",
+                                                  "DataFrameQueryContextLogger")]
+        before = [lg.disabled for lg in loggers]
+        for lg in loggers:
+            lg.disabled = True
+        try:
+            yield
         except AnalysisException as e:
             msg = str(e).split("\n")[0]
-            raise self.script.error(f"Spark cannot evaluate this projection: {msg}", pos) from None
+            msg = re.sub(r"\s*SQLSTATE: \w+;?( line \d+ pos \d+;?)?", "", msg).strip()
+            raise self.script.error(f"Spark cannot evaluate this {what}: {msg}",
+                                    _named_function_position(msg, nodes, pos)) from None
+        finally:
+            for lg, b in zip(loggers, before):
+                lg.disabled = b
 
     # -- expressions -------------------------------------------------------------
     def spark_sql(self, node: exp.Expr, rel: Relation, pos: Position) -> str:
@@ -632,6 +659,22 @@ class Translator:
         line = self.script.sql.count("\n", 0, at) + 1
         col = at - (self.script.sql.rfind("\n", 0, at) + 1) + 1
         return Position(line, col, len(keyword))
+
+
+def _named_function_position(message: str, nodes: Sequence[exp.Expr], default: Position
+                             ) -> Position:
+    """The position of the function a Spark analysis error names (```FOO```
+    or ``"date_add(id, 1)"``) among ``nodes``, else ``default``."""
+    m = re.search(r"routine `([^`]+)`", message) or re.search(r'resolve "(\w+)\(', message)
+    if m:
+        name = m.group(1).lower()
+        for node in nodes:
+            for n in node.walk():
+                if isinstance(n, exp.Func) and (
+                        n.sql(dialect="spark").lower().startswith(name + "(") or
+                        (isinstance(n, exp.Anonymous) and n.name.lower() == name)):
+                    return node_position(n, default)
+    return default
 
 
 _INTEGRAL = ("tinyint", "smallint", "int", "bigint")

@@ -68,3 +68,22 @@ INSERT INTO out SELECT id, UPPER(v) AS v FROM src WHERE id = 1;
     text = capsys.readouterr().out
     assert text.startswith("== EXPLAIN (line 6) ==")
     assert "== INSERT INTO out (line 7) ==\nflowchart BT" in text
+
+
+def test_spark_analysis_errors_point_at_the_function(spark, tmp_path, capsys):
+    write_changelog(tmp_path / "src", ["id", "v"], ["BIGINT", "STRING"],
+                    [[("+I", [1, "a"], 1)]])
+    head = (f"CREATE TABLE src (id BIGINT, v STRING) WITH ({source_options(tmp_path / 'src')});\n"
+            "CREATE TABLE out (id BIGINT, v STRING) WITH ('connector' = 'blackhole');\n")
+    path = write(tmp_path, head + "INSERT INTO out SELECT id, FOO(v) FROM src;\n")
+    assert main(["explain", path]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {path}:3:28: Spark cannot evaluate this projection: "
+                          "[UNRESOLVED_ROUTINE] Cannot resolve routine `FOO`")
+    assert "SQLQueryContextLogger" not in err            # no PySpark log record on the terminal
+    path = write(tmp_path, head + "INSERT INTO out SELECT id, v FROM src\n"
+                                  "WHERE DATE_ADD(id, 1) > 0;\n")
+    assert main(["explain", path]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {path}:4:7: Spark cannot evaluate this condition: "
+                          "[DATATYPE_MISMATCH")
