@@ -168,3 +168,24 @@ def test_streaming_sources_get_their_order_restored_unless_declared_ordered(spar
                          "in source-sequence order") == 2
     declared = plan("'source.ordered' = 'true'")
     assert "ChangelogNormalize" not in declared and "ordered=[declared]" in declared
+
+
+@pytest.mark.postgres
+def test_seed_sql_into_postgres_through_a_jdbc_url(spark, seed, pg_server):
+    """The seed's t1 as a 'jdbc' table (Flink's JDBC options): the final rows in
+    PostgreSQL are (1, 20, b1)."""
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict
+    base, groups = seed
+    conninfo = pg_server.create_database("test_sql_seed")
+    p = conninfo_to_dict(conninfo)
+    url = f"jdbc:postgresql://{p.get('host', 'localhost')}:{p.get('port', 5432)}/{p['dbname']}"
+    sql = SQL.replace("'connector' = 'delta', 'path' = '{base}/t1'",
+                      f"'connector' = 'jdbc', 'url' = '{url}', 'table-name' = 'public.t1', "
+                      f"'username' = '{p['user']}'").replace("{base}", str(base))
+    runs = run_script(spark, parse_script(sql, "pg.sql"), batch=True, key_groups=groups,
+                      show_progress=False)
+    assert "upsert materializer: inserted" in runs[0].report.plan
+    with psycopg.connect(conninfo) as conn:
+        rows = conn.execute("SELECT id, level, attr FROM public.t1 ORDER BY id").fetchall()
+    assert rows == WANT
