@@ -161,13 +161,13 @@ class PlannedInsert:
             return BlackholeSink(self.sink_key)
         if c.kind == "postgres":
             import pyarrow as pa
-            from ..api import arrow_schema_of
-            from ..model import KIND_COL, SEQ_COL
+            from pyspark.sql.pandas.types import to_arrow_schema
             from ..sinks.postgres import PostgresUpsertSink
-            full = arrow_schema_of(self.stream._data_df())
-            schema = pa.schema([f for f in full if f.name not in (KIND_COL, SEQ_COL)])
+            data = [f for f in self.stream.df.schema.fields
+                    if f.name in self.stream.schema.columns]
+            schema = to_arrow_schema(type(self.stream.df.schema)(data), timezone="UTC")
             return PostgresUpsertSink(postgres_conninfo(c), c.option("table-name", self.table.name),
-                                      self.sink_key, schema)
+                                      self.sink_key, pa.schema(schema))
         raise AssertionError(f"not a sink connector: {c.kind}")
 
 
