@@ -60,7 +60,7 @@ INSERT INTO out SELECT id, UPPER(v) AS v FROM src WHERE v = 'a';
     cap = capsys.readouterr()
     out = cap.out.splitlines()
     assert out[0] == "== EXPLAIN (line 6) =="
-    assert any("Filter(where=[`id` > 1])" in line for line in out)
+    assert any("(where=[`id` > 1])" in line for line in out)
     # id 1 is updated from 'a' to 'A': the update leaves the filter, so only its
     # retraction passes; id 2 never passes
     assert [line for line in out if line.startswith("out> ")] == [

@@ -148,7 +148,7 @@ CREATE TABLE lv (level BIGINT, PRIMARY KEY (level) NOT ENFORCED)
     # Flink divides integers as integers: / between integers becomes Spark's DIV
     assert "Project(select=[id, level, CAST(`level` AS BIGINT) * 10000 DIV 10 AS t])" in text
     assert "TIMESTAMP_MILLIS(`t`) AS ts" in text
-    assert "conflictStrategy=[NOTHING]" in text and "Filter(where=[`level` > 0])" in text
+    assert "conflictStrategy=[NOTHING]" in text and "(where=[`level` > 0])" in text
     assert "where=[id = id0]" in text and "watermark=[ts - 59999 ms]" in text
 
 
