@@ -37,6 +37,7 @@ from sqlglot import exp
 
 from ..api import ChangelogStream, read_changes
 from ..model.watermark import duration_ms
+from ..plan import Join, Materialize
 from ..plan.rules import PlanError
 from ..plan.traits import join_output_names
 from .dialect import Descriptor, Flink, TableArgument, WINDOW_TVFS
@@ -135,7 +136,27 @@ class PlannedInsert:
                     require_on_conflict=self.settings.require_on_conflict)
 
     def explain(self) -> str:
-        return self.stream.explain(table=self.table.name, **self.sink_options())
+        text = self.stream.explain(table=self.table.name, **self.sink_options())
+        warning = self.state_warning()
+        return f"{text}\nWARNING: {warning}" if warning else text
+
+    def state_warning(self) -> Optional[str]:
+        """Unbounded state: joins and materializers keep rows until they are
+        retracted; without ``table.exec.state.ttl`` nothing else removes them."""
+        if self.settings.state_ttl_ms is not None:
+            return None
+        names, stack = [], [self.plan()]
+        while stack:
+            n = stack.pop()
+            if isinstance(n, (Join, Materialize)):
+                names.append("SinkUpsertMaterializer" if isinstance(n, Materialize) else "Join")
+            stack.extend(n.children)
+        if not names:
+            return None
+        return (f"the state of {', '.join(sorted(set(names)))} grows without bound: rows stay "
+                "until they are retracted and no 'table.exec.state.ttl' is set. A TTL bounds it; "
+                "a TTL shorter than the time between a row and its retraction leaves stale rows "
+                "(counted and warned about at run time)")
 
     def plan(self):
         """The planned sink node (for graph formats)."""
