@@ -7,25 +7,36 @@ plain changelog files into a changelog stream: the user's columns, typed, plus
 rows, ``-U`` of the old image and ``+U`` of the new one (spec section 1: an update
 is never one composite row).
 
-Everything runs inside Spark, batch or streaming, with the same expressions: each
-file is read as one row (text source, ``wholetext``), split into lines with
-``posexplode`` (the line number is 1-based), parsed into a VARIANT once
-(``try_parse_json``) and read with ``variant_get``.  No Python runs per row, and a
-streaming read yields exactly the rows of a batch read of the same files because
-every output value is a function of (file, line, record) only.
+Everything runs inside Spark, batch or streaming, with the same expressions.
+Files are cut into numbered lines in parallel over byte ranges
+(:mod:`~spark_changelog.connectors.lines`: exact 1-based line numbers however a
+file is split).  Each line is parsed once: Debezium lines first go through
+Spark's JSON parser with the typed envelope (``from_json``), and a line that
+passes every check there is done; any other line (and every line of the other
+formats) is parsed into a VARIANT (``try_parse_json``) and checked field by
+field with ``variant_get``, which states the reason of a bad record.  A
+streaming read yields exactly the rows of a batch read of the same files
+because every output value is a function of (file, line, record) only.
 
 Result
 ------
-:class:`ReadResult` holds three DataFrames, one row per input line in exactly one
-of them (nothing is dropped silently):
+:class:`ReadResult` ``rows`` is the one-pass stream: every input line becomes
+its change rows or one *side row* (``_kind = -1``, a JSON payload in
+``_metrics``, the channel operator counters use too), so good rows, dead
+letters and skipped lines leave the same pass over the files, pass through
+every operator and join, and the pipeline's sink handler splits them off
+(``runtime.pipeline``).  Three views of it, one row per input line in exactly
+one of them (nothing is dropped silently):
 
 ``changes``  user columns in schema order, ``_kind``, ``_seq``.
-``invalid``  ``raw`` string, ``file`` string, ``line`` bigint, ``reason`` string;
+``invalid``  ``raw`` string, ``file`` string, ``line`` bigint, ``reason`` string
+             (side payload ``{"dead_letter": {...}}``);
              the reason names the field (``field 'price': value "abc" is not a
              DOUBLE (in 'after')``); several problems of one record are joined
              with ``"; "``.  A record is all or nothing: a Canal message with one
              bad row goes to ``invalid`` whole and emits none of its rows.
-``skipped``  ``raw``, ``file``, ``line``, ``category``, ``reason``: lines that are
+``skipped``  ``raw``, ``file``, ``line``, ``category``, ``reason`` (side payload
+             ``{"skipped": {...}}``): lines that are
              legitimately not changes.  ``category`` is ``"tombstone"`` (a Kafka
              tombstone: an empty/whitespace line, ``null``, or Debezium's
              ``{"schema":null,"payload":null}`` in the middle of a file) or
@@ -48,7 +59,9 @@ enforces it: call :func:`raise_if_invalid` on each micro-batch of
 ``strict=True`` a streaming ``res.changes`` additionally fails the query
 (``raise_error``) as soon as a task meets an invalid record, so no change after a
 bad record is ever emitted unnoticed; which bad record is reported first is then
-up to task scheduling.
+up to task scheduling.  A pipeline (``write_upsert(strict=True)``) checks the
+dead letters of each micro-batch before writing anything of it and names the
+first by (file, line).
 
 Typed values
 ------------
@@ -133,6 +146,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from spark_changelog.model.rowkind import RowKind
+from spark_changelog.runtime.spark_keyed import METRICS_COL as SIDE_COL, METRICS_KIND as SIDE_KIND
 from spark_changelog.model.schema import (
     KIND_COL,
     SEQ_COL,
@@ -162,6 +176,10 @@ FORMATS = {
 CHANGELOG_FILE_FORMATS = ("json", "csv", "parquet")
 
 SKIP_TOMBSTONE = "tombstone"
+#: side rows (the pipeline's side-row channel, ``runtime.spark_keyed``): kind,
+#: payload column, and the payload keys the sink handler reads
+DEAD_LETTER = "dead_letter"
+SKIPPED = "skipped"
 SKIP_IGNORED = "ignored"
 
 INVALID_COLUMNS = ("raw", "file", "line", "reason")
@@ -210,17 +228,47 @@ def _clip(text: str, n: int) -> str:
 class ReadResult:
     """What :func:`read_changes` returns (see the module docstring).
 
-    ``changes``/``invalid``/``skipped`` are lazy DataFrames (streaming ones for a
-    streaming read); nothing runs until they are used.
+    ``rows`` is the one-pass stream: change rows and side rows (``_kind =
+    -1``, payload in ``_metrics``: dead letters and skipped records), what a
+    pipeline runs on.  ``changes``/``invalid``/``skipped`` are views of it.
+    All are lazy DataFrames (streaming ones for a streaming read).
     """
 
-    changes: DataFrame
-    invalid: DataFrame
-    skipped: DataFrame
+    rows: DataFrame
     stream_schema: StreamSchema
     format: str
     streaming: bool
+    fail_on_invalid: bool = False   # a strict streaming read: ``changes`` fails on a bad record
     _counts: Optional[dict] = dataclasses.field(default=None, repr=False)
+
+    @property
+    def changes(self) -> DataFrame:
+        """User columns, ``_kind``, ``_seq``: the change rows only."""
+        if not self.fail_on_invalid:
+            return self.rows.where(f"{KIND_COL} <> {SIDE_KIND}").drop(SIDE_COL)
+        # one condition (not a projection then a filter, which the optimizer
+        # would reorder): data rows pass, a dead letter stops the query
+        dead = f"from_json({SIDE_COL}, 'dead_letter STRUCT<file STRING, line BIGINT, reason STRING>').dead_letter"
+        message = concat("'invalid change record in '", f"{dead}.file", "' line '",
+                         f"CAST({dead}.line AS STRING)", "': '", f"{dead}.reason")
+        return self.rows.where(
+            f"CASE WHEN {KIND_COL} <> {SIDE_KIND} THEN true WHEN {dead} IS NOT NULL "
+            f"THEN CAST(raise_error({message}) AS BOOLEAN) ELSE false END").drop(SIDE_COL)
+
+    @property
+    def invalid(self) -> DataFrame:
+        """``raw``, ``file``, ``line``, ``reason`` of the dead letters."""
+        return self._side(DEAD_LETTER, "raw STRING, file STRING, line BIGINT, reason STRING")
+
+    @property
+    def skipped(self) -> DataFrame:
+        """``raw``, ``file``, ``line``, ``category``, ``reason`` of skipped lines."""
+        return self._side(SKIPPED, "raw STRING, file STRING, line BIGINT, category STRING, reason STRING")
+
+    def _side(self, name: str, ddl: str) -> DataFrame:
+        payload = f"from_json({SIDE_COL}, {lit(f'{name} STRUCT<{ddl}>')}).{name}"
+        return (self.rows.where(f"{KIND_COL} = {SIDE_KIND}")
+                .selectExpr(f"inline(CASE WHEN {payload} IS NOT NULL THEN array({payload}) END)"))
 
     @property
     def tombstones_skipped(self) -> Optional[int]:
@@ -455,42 +503,17 @@ def stage(df: DataFrame, **columns: Sql) -> DataFrame:
 
 def read_lines(ctx: ReadContext, keep_header: bool = False) -> DataFrame:
     """One row per line: ``file`` string, ``file_no`` bigint (:func:`file_number`),
-    ``line`` bigint (1-based), ``raw`` string.
+    ``line`` bigint (1-based), ``raw`` string; with ``keep_header`` a ``header``
+    column holds the file's first line (for CSV).
 
-    Each file is read whole (text source, ``wholetext``) and split here, which is
-    what gives line numbers; a file must fit in a task's memory (and below
-    Spark's 2 GB string limit), so roll CDC files by size; one file is one task.
-    CRLF line ends and a byte-order mark are removed; blank lines after a file's
-    last non-blank line are not returned.  With ``keep_header`` a ``header`` column
-    holds the file's first line (for CSV).
+    Files are read in parallel over byte ranges with exact line numbers
+    (:mod:`spark_changelog.connectors.lines`).  A byte-order mark and CRLF line
+    ends are removed; blank lines after a file's last non-blank line are not
+    returned.
     """
-    reader = ctx.spark.readStream if ctx.streaming else ctx.spark.read
-    if ctx.streaming and ctx.max_files_per_trigger is not None:
-        reader = reader.option("maxFilesPerTrigger", ctx.max_files_per_trigger)
-    if ctx.streaming:
-        files = reader.text(ctx.path, wholetext=True)
-    else:
-        paths = [ctx.path] if isinstance(ctx.path, str) else list(ctx.path)
-        files = reader.text(paths, wholetext=True)
-    # Per-file values are computed in their own projection, below the
-    # generator: in the generator's projection Spark evaluates them once per
-    # generated line, which made reading quadratic in the file size.  The
-    # clean-up (CRLF, byte-order mark, trailing blank lines) is done once on the
-    # whole file rather than once per line.
-    text = f"regexp_replace(replace(value, '\\r\\n', '\\n'), {lit(_BOM_OR_TRAILING_BLANKS)}, '')"
-    per_file = files.selectExpr(
-        "_metadata.file_path AS file",
-        f"{file_number('_metadata.file_path')} AS file_no",
-        f"{text} AS _text",
-    ).selectExpr(
-        "file", "file_no",
-        "CASE WHEN _text = '' THEN CAST(array() AS ARRAY<STRING>) ELSE split(_text, '\\n') END AS _lines",
-    )
-    if keep_header:
-        per_file = per_file.selectExpr("*", "get(_lines, 0) AS header")
-    return per_file.selectExpr(
-        "file", "file_no", *(["header"] if keep_header else []), "posexplode(_lines) AS (_pos, raw)",
-    ).selectExpr("file", "file_no", "CAST(_pos + 1 AS BIGINT) AS line", "raw", *(["header"] if keep_header else []))
+    from spark_changelog.connectors.lines import read_lines as numbered_lines
+    return numbered_lines(ctx.spark, ctx.path, streaming=ctx.streaming,
+                          max_files_per_trigger=ctx.max_files_per_trigger, keep_header=keep_header)
 
 
 def is_blank(raw: Sql) -> Sql:
@@ -640,7 +663,8 @@ def image_errors(raw: Sql, typed: Sql, schema: T.StructType, primary_key: Sequen
 def change_row(struct: Sql, columns: Sequence[str], kind: Union[int, Sql], seq: Sql) -> Sql:
     """One element of ``_changes``: the user columns of ``struct``, ``_kind`` and ``_seq``."""
     values = ", ".join(f"{lit(c)}, {struct_field(struct, c)}" for c in columns)
-    return f"named_struct({values}, {lit(KIND_COL)}, CAST({kind} AS TINYINT), {lit(SEQ_COL)}, CAST({seq} AS BIGINT))"
+    return (f"named_struct({values}, {lit(KIND_COL)}, CAST({kind} AS TINYINT), {lit(SEQ_COL)}, "
+            f"CAST({seq} AS BIGINT), {lit(SIDE_COL)}, CAST(NULL AS STRING))")
 
 
 def key_changed(before: Sql, after: Sql, key: Sequence[str]) -> Sql:
@@ -751,9 +775,7 @@ def digits_number(digits: Sql) -> Sql:
             f"ELSE try_cast({trimmed} AS BIGINT) END AS BIGINT)")
 
 
-#: a leading byte-order mark, and everything from the end of the last non-blank
-#: line on (applied after CRLF -> LF)
-_BOM_OR_TRAILING_BLANKS = r"^\uFEFF|[\n\r][ \t\r\n]*$"
+#: the same rule as ``lines.file_number`` (Parquet changelog files are listed by Spark)
 _BASENAME = r"([^/]*)$"
 _EXTENSIONS = r"(\.[A-Za-z][A-Za-z0-9]*)+$"
 _LAST_DIGITS = r"(\d+)\D*$"
@@ -779,38 +801,42 @@ def skip_columns(tombstone: Sql, ignored: Sql = "false", ignored_reason: Sql = "
     return [f"{category} AS _skip_category", f"{reason} AS _skip_reason"]
 
 
+def side_row(schema: T.StructType, payload: Sql) -> Sql:
+    """A side row (``_kind = -1``, ``_metrics`` = JSON ``payload``, every user
+    column NULL) shaped like :func:`change_row`."""
+    values = ", ".join(f"{lit(f.name)}, CAST(NULL AS {f.dataType.simpleString()})" for f in schema.fields)
+    return (f"named_struct({values}, {lit(KIND_COL)}, CAST({SIDE_KIND} AS TINYINT), {lit(SEQ_COL)}, "
+            f"CAST(NULL AS BIGINT), {lit(SIDE_COL)}, to_json({payload}))")
+
+
 def finish(parsed: DataFrame, ctx: ReadContext) -> ReadResult:
-    """Split a format module's per-line frame into changes / invalid / skipped.
+    """Turn a format module's per-line frame into the one-pass row stream.
 
     ``parsed`` has ``file``, ``line`` (bigint), ``raw``, ``_changes`` (array of
     :func:`change_row` structs in schema order, or NULL), ``_errors`` (array of
-    messages, never NULL) and ``_skip_category``/``_skip_reason``.  A skipped line is never invalid; a line
-    with errors emits no change.
+    messages, never NULL) and ``_skip_category``/``_skip_reason``.  A skipped
+    line is never invalid; a line with errors emits no change.
 
-    Each output picks its lines inside a generator (``inline`` of an array that is
-    NULL for the other lines) rather than with a filter: the optimizer would push a
-    filter below the projection and compute the per-line expressions twice.
+    Every line becomes its change rows, or one side row (``_kind = -1``) whose
+    ``_metrics`` payload is ``{"dead_letter": {raw, file, line, reason}}`` or
+    ``{"skipped": {raw, file, line, category, reason}}``: one generator over
+    one projection, so each line is parsed once and good rows and dead
+    letters leave the same pass (``ReadResult.rows``).
     """
     bad = "(_skip_category IS NULL AND size(_errors) > 0)"
     reason = "array_join(_errors, '; ')"
-    if ctx.streaming and ctx.strict:
-        message = concat("'invalid change record in '", "file", "' line '", "CAST(line AS STRING)", "': '", reason)
-        emitted = f"CASE WHEN {bad} THEN raise_error({message}) WHEN _skip_category IS NULL THEN _changes END"
-    else:
-        emitted = "CASE WHEN _skip_category IS NULL AND size(_errors) = 0 THEN _changes END"
-    columns = ctx.columns
-    changes = parsed.selectExpr(f"inline({emitted})")
-    invalid = parsed.selectExpr(
-        f"inline(CASE WHEN {bad} THEN array(named_struct('raw', raw, 'file', file, 'line', line, "
-        f"'reason', {reason})) END)")
-    skipped = parsed.selectExpr(
-        "inline(CASE WHEN _skip_category IS NOT NULL THEN array(named_struct('raw', raw, 'file', file, "
-        "'line', line, 'category', _skip_category, 'reason', _skip_reason)) END)")
+    dead = side_row(ctx.schema, f"named_struct('{DEAD_LETTER}', named_struct('raw', raw, 'file', file, "
+                                f"'line', line, 'reason', {reason}))")
+    skip = side_row(ctx.schema, f"named_struct('{SKIPPED}', named_struct('raw', raw, 'file', file, "
+                                f"'line', line, 'category', _skip_category, 'reason', _skip_reason))")
+    rows = parsed.selectExpr(
+        f"inline(CASE WHEN _skip_category IS NOT NULL THEN array({skip}) "
+        f"WHEN {bad} THEN array({dead}) ELSE _changes END)")
     key = ctx.primary_key
-    stream_schema = StreamSchema(columns=tuple(columns), primary_key=key,
+    stream_schema = StreamSchema(columns=tuple(ctx.columns), primary_key=key,
                                  upsert_key=key if key else None, mode=ChangelogMode.RETRACT)
-    return ReadResult(changes=changes, invalid=invalid, skipped=skipped, stream_schema=stream_schema,
-                      format=ctx.format, streaming=ctx.streaming)
+    return ReadResult(rows=rows, stream_schema=stream_schema, format=ctx.format, streaming=ctx.streaming,
+                      fail_on_invalid=ctx.streaming and ctx.strict)
 
 
 def read_with(module_name: str, spark: SparkSession, path, schema, primary_key, **kw) -> ReadResult:

@@ -71,6 +71,22 @@ class StreamSchema:
         return dataclasses.replace(self, **changes)
 
 
+def join_output_names(left_columns: Sequence[str], right_columns: Sequence[str]) -> dict:
+    """Right column -> its name in a join's output: left columns keep theirs; a
+    right column whose name is taken gets the first free ``name0``, ``name1``,
+    ... (Flink/Calcite's ``id``, ``id0``).  The one rule for the planner and the
+    join operator (docs/semantics.md, section 4)."""
+    used = set(left_columns)
+    out = {}
+    for c in right_columns:
+        name, i = c, 0
+        while name in used:
+            name, i = f"{c}{i}", i + 1
+        used.add(name)
+        out[c] = name
+    return out
+
+
 def as_key(cols: "str | Sequence[str] | None") -> tuple[str, ...]:
     if cols is None:
         return ()

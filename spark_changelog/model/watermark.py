@@ -58,6 +58,10 @@ def duration_ms(value: Duration) -> int:
     return ms
 
 
+#: one day: ChangelogNormalize's default tombstone retention (docs/semantics.md, section 5)
+DAY_MS = 24 * 3600 * 1000
+
+
 @dataclasses.dataclass(frozen=True)
 class WatermarkStrategy:
     """How the watermark of a stream is generated from its event-time column."""
@@ -91,4 +95,4 @@ def monotonous_timestamps(column: str) -> BoundedOutOfOrderness:
 
 
 __all__ = ["WatermarkStrategy", "BoundedOutOfOrderness", "monotonous_timestamps",
-           "duration_ms", "END_OF_INPUT_MS"]
+           "duration_ms", "END_OF_INPUT_MS", "DAY_MS"]

@@ -36,13 +36,13 @@ import pyarrow as pa
 
 from ..model import KIND_COL, SEQ_COL, RowKind
 from ..model.rowkind import IS_ADD
+from ..model.watermark import DAY_MS
 from .base import KeyedOperator, OpContext
 from .deduplicate import keep_last_changes
 from .keys import first_of_key, last_of_key, lookup_unique
 
 DELETED_COL = "_deleted"   # state: True for a tombstone
 TOUCHED_COL = "_ts"        # state: processing time of the last write/read (TTL)
-DAY_MS = 24 * 3600 * 1000
 
 
 class ChangelogNormalize(KeyedOperator):

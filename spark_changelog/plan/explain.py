@@ -10,7 +10,7 @@ upsert key.
 from __future__ import annotations
 
 from .rules import plan_warnings
-from .traits import Join, Node, Sink, exchange_upsert_key, fmt_key
+from .nodes import Join, Node, Sink, exchange_upsert_key, fmt_key
 
 
 def _lines(node: Node, prefix: str, child_prefix: str, out: list) -> None:

@@ -4,7 +4,7 @@ label and traits (the lines of :func:`~.explain.explain_plan`), edges from
 input to consumer; a sink's materializer decision is part of its box."""
 from __future__ import annotations
 
-from .traits import Node, Sink
+from .nodes import Node, Sink
 
 
 def _nodes(root: Node) -> list[tuple[Node, list[str]]]:

@@ -33,10 +33,11 @@ forever); a ``conflict`` of ``error``/``nothing`` needs watermarks.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+import weakref
+from typing import Optional, Sequence
 
 from ..model import ChangelogMode
-from .traits import Materialize, Node, Normalize, Sink, Traits, fmt_key
+from .nodes import Filter, Join, Materialize, Node, Normalize, Sink, Traits, fmt_key
 
 STRATEGIES = ("auto", "none", "force")
 CONFLICTS = ("deduplicate", "error", "nothing")
@@ -153,8 +154,16 @@ def materialize(sink: Sink, strategy: Optional[str] = None, conflict: Optional[s
     d = decide(sink.input.traits, sink.key, strategy, conflict, require_on_conflict)
     inp: Node = sink.input
     if d.inserted:
-        inp = Materialize(inp, tuple(sink.key), inp.traits.upsert_key, d.conflict)
+        inp = Materialize(inp, tuple(sink.key), inp.traits.upsert_key, d.conflict,
+                          sink.materializer_ttl_ms, sink.key_groups)
     return dataclasses.replace(sink, input=inp, strategy=strategy, conflict=conflict, decision=d)
+
+
+#: consumers of an upsert stream that need -U rows, and why
+NEEDS_UPDATE_BEFORE = {
+    "join": "the join must retract what it emitted for the key",
+    "filter": "a row that leaves the filter must be retracted by its old content",
+}
 
 
 def order_input(node: Node, consumer: str, update_before: bool = True) -> Node:
@@ -165,13 +174,14 @@ def order_input(node: Node, consumer: str, update_before: bool = True) -> Node:
     upsert sink keyed by the upsert key does not).
     """
     t = node.traits
-    upsert_input = t.mode is ChangelogMode.UPSERT and consumer.startswith("join")
+    upsert_input = t.mode is ChangelogMode.UPSERT and consumer in NEEDS_UPDATE_BEFORE
     if t.ordered and not upsert_input:
         return node
     key = t.upsert_key or (t.unique_keys[0] if t.unique_keys else None)
     if not key:
         if upsert_input:
-            raise PlanError("an upsert stream without a key cannot be joined: give it a primary key")
+            raise PlanError(f"an upsert stream without a key cannot be the input of a {consumer}: "
+                            "give it a primary key")
         # no key to restore the order by: the changes are applied as they arrive;
         # join_traits and decide() say so in explain and as a plan warning
         return node
@@ -180,10 +190,55 @@ def order_input(node: Node, consumer: str, update_before: bool = True) -> Node:
                "may bring them out of order across files and micro-batches (older changes are "
                "dropped and counted as superseded)")
     else:
-        why = ("upsert input of a join needs update-before: the join must retract what it "
-               "emitted for the key")
+        why = f"upsert input of a {consumer} needs update-before: {NEEDS_UPDATE_BEFORE[consumer]}"
         update_before = True
     return Normalize(node, tuple(key), update_before, inserted_because=why)
+
+
+_OPTIMIZED: "weakref.WeakKeyDictionary[Node, object]" = weakref.WeakKeyDictionary()
+_UNCHANGED = object()
+
+
+def optimize(node: Node) -> Node:
+    """The plan with what the planner inserts in front of order-sensitive
+    operators: every join input goes through :func:`order_input`.  Pure and
+    memoized per node, so planning a stream twice gives the same tree (and
+    lowering builds its DataFrames once)."""
+    done = _OPTIMIZED.get(node)
+    if done is not None:
+        return node if done is _UNCHANGED else done
+    children = tuple(optimize(c) for c in node.children)
+    if isinstance(node, Join):
+        children = tuple(order_input(c, "join") for c in children)
+    elif isinstance(node, Filter) and children[0].traits.mode is ChangelogMode.UPSERT:
+        # stateless, so not order-sensitive; but an upsert input has no -U to filter
+        children = (order_input(children[0], "filter"),)
+    done = node.with_children(*children) if children else node
+    # a value referring to its own key would keep the entry alive for ever
+    _OPTIMIZED[node] = _UNCHANGED if done is node else done
+    return done
+
+
+def plan_sink(node: Node, key: Sequence[str], *, table: str = "sink", strategy: str = "auto",
+              conflict: Optional[str] = None, require_on_conflict: bool = False,
+              materializer_ttl_ms: Optional[int] = None, key_groups: Optional[int] = None) -> Sink:
+    """The planned sink over ``node``: per-key order restored where the input
+    does not guarantee it (docs/semantics.md, section 10), then the
+    materializer decision (section 3) for an upsert sink keyed by ``key``."""
+    key = tuple(key)
+    base = optimize(node)
+
+    def planned(inp: Node) -> Sink:
+        return materialize(Sink(inp, str(table), key, strategy, conflict,
+                                materializer_ttl_ms=materializer_ttl_ms, key_groups=key_groups),
+                           require_on_conflict=require_on_conflict)
+
+    ordered = order_input(base, "upsert sink", update_before=False)
+    sink = planned(ordered)
+    if isinstance(ordered, Normalize) and sink.decision.inserted:
+        # the materializer retracts rows by their old content: it needs -U rows
+        sink = planned(order_input(base, "sink upsert materializer", update_before=True))
+    return sink
 
 
 def plan_warnings(node: Node) -> list[str]:
@@ -199,5 +254,5 @@ def plan_warnings(node: Node) -> list[str]:
 
 
 __all__ = ["MaterializeDecision", "PlanError", "decide", "materialize", "needs_materializer",
-           "order_input", "unordered_warnings",
+           "order_input", "unordered_warnings", "optimize", "plan_sink",
            "nondeterminism_warnings", "plan_warnings", "STRATEGIES", "CONFLICTS"]

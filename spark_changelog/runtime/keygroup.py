@@ -15,8 +15,36 @@ from .state_runs import RunStack, concat_rows
 
 def sort_rows(rows: pd.DataFrame, key) -> pd.DataFrame:
     """Per-key order comes from ``_seq`` only (stable for equal ``_seq``), never
-    from arrival order: shuffles do not keep it (spec section 2)."""
-    return rows.sort_values(list(key) + [SEQ_COL], kind="stable").reset_index(drop=True)
+    from arrival order: shuffles do not keep it (spec section 2).  Rows Spark
+    already sorted (``spark_keyed`` sorts a batch's input before the Python
+    step) are only checked, not sorted again."""
+    columns = list(key) + [SEQ_COL]
+    if is_sorted(rows, columns):
+        return rows.reset_index(drop=True)
+    return rows.sort_values(columns, kind="stable").reset_index(drop=True)
+
+
+def is_sorted(rows: pd.DataFrame, columns) -> bool:
+    """Whether ``rows`` are in ascending lexicographic order of ``columns``
+    (vectorized; a null or incomparable value answers False)."""
+    if len(rows) < 2:
+        return True
+    ahead = np.zeros(len(rows) - 1, dtype=bool)    # strictly greater on an earlier column
+    tied = np.ones(len(rows) - 1, dtype=bool)
+    try:
+        for c in columns:
+            v = rows[c].to_numpy()
+            if v.dtype == object or v.dtype.kind == "f":
+                if pd.isna(v).any():
+                    return False
+            prev, cur = v[:-1], v[1:]
+            if not np.all(ahead | ~tied | (cur >= prev)):
+                return False
+            ahead |= tied & (cur > prev)
+            tied &= cur == prev
+    except TypeError:
+        return False
+    return True
 
 
 def process_key_group(operator: KeyedOperator, stack: Optional[RunStack], rows: pd.DataFrame,

@@ -1,15 +1,21 @@
 """Running a changelog stream into its sinks, in batch or as a streaming query.
 
 Per micro-batch (one batch for a bounded input): the operator output is
-collected as Arrow, metric rows are split off, the emitted changelog goes to
+collected as Arrow, side rows are split off, the emitted changelog goes to
 the optional changelog sink (one file per batch id, overwritten on replay) and
 the net change per key goes to the upsert sink in one atomic commit that
 records (query id, batch id), so a batch replayed after a crash is skipped.
 
-Bad input (``ReadResult.invalid``) goes to the dead-letter directory with a
-count, or, with ``strict``, fails the run naming file, line and field.  In
-streaming it runs as a second query over the same files with its own
-checkpoint, so both resume together.
+Side rows (``_kind = -1``, JSON in ``_metrics``) travel with the data through
+every operator, projection and join (``runtime.spark_keyed``): operator
+counters, and the readers' dead letters and skipped records
+(``connectors.cdc_json.finish``), so the bad input of every source of the
+plan arrives here from the same single pass over the files as the data.  Per
+batch, before anything of it is written: with ``strict`` the first dead
+letter (by file and line) fails the run naming file, line and field;
+otherwise dead letters go to the dead-letter directory (``batch-<id>.jsonl``,
+overwritten on replay) and are counted, and tombstones and ignored control
+records are counted.
 """
 from __future__ import annotations
 
@@ -114,13 +120,39 @@ def _iso_ms(ms: int) -> str:
 
 
 def split_metrics(table: pa.Table) -> tuple[pd.DataFrame, list[dict]]:
-    """Operator output (Arrow) -> (data rows as pandas, metric payloads)."""
+    """Operator output (Arrow) -> (data rows as pandas, side-row payloads)."""
     if METRICS_COL not in table.column_names:
         return table.to_pandas(), []
     is_metric = pc.fill_null(pc.equal(table[KIND_COL], METRICS_KIND), False)
     metrics = [json.loads(s) for s in table.filter(is_metric)[METRICS_COL].to_pylist()]
     data = table.filter(pc.invert(is_metric)).drop_columns([METRICS_COL])
     return data.to_pandas(), metrics
+
+
+@dataclasses.dataclass
+class SideRows:
+    """The side rows of one batch, by kind."""
+
+    metrics: list        # operator counters
+    dead_letters: pd.DataFrame   # raw, file, line, reason; ordered by (file, line)
+    skipped: dict        # category -> count
+
+
+def sort_side_rows(payloads: list[dict]) -> SideRows:
+    from ..connectors.cdc_json import DEAD_LETTER, INVALID_COLUMNS, SKIPPED
+    metrics, dead, skipped = [], [], {}
+    for p in payloads:
+        if DEAD_LETTER in p:
+            dead.append(p[DEAD_LETTER])
+        elif SKIPPED in p:
+            cat = p[SKIPPED].get("category")
+            skipped[cat] = skipped.get(cat, 0) + 1
+        else:
+            metrics.append(p)
+    frame = pd.DataFrame(dead, columns=list(INVALID_COLUMNS))
+    if len(frame):
+        frame = frame.sort_values(["file", "line"], kind="stable").reset_index(drop=True)
+    return SideRows(metrics, frame, skipped)
 
 
 #: errors an operator raises on purpose, recognised in the text of the Spark
@@ -155,27 +187,26 @@ def _query_id(checkpoint: str) -> str:
         return json.loads(f.readline())["id"]
 
 
-def _data_schema(stream) -> pa.Schema:
-    from ..api import arrow_schema_of
-    full = arrow_schema_of(stream._data_df())
-    return pa.schema([f for f in full if f.name not in (KIND_COL, SEQ_COL)])
-
-
-def run_to_sink(stream, table, *, checkpoint: Optional[str] = None,
+def run_to_sink(df, table, *, key, schema: pa.Schema, checkpoint: Optional[str] = None,
                 changelog_path: Optional[str] = None, changelog_format: str = "parquet",
-                dead_letter: Optional[str] = None, strict: bool = False, key=None,
+                dead_letter: Optional[str] = None, strict: bool = False,
                 progress: Optional[Callable[[RunReport], None]] = None) -> RunReport:
-    from ..sinks.base import split_null_keys
+    """Run the changelog ``df`` (the lowered plan) into ``table`` keyed by ``key``.
+
+    ``schema``: the data columns (Arrow) the sinks store.  The bad input and
+    skipped records of every source leaf arrive in ``df`` as side rows.
+    """
     from ..sinks.changelog import ChangelogSink
     from ..sinks.delta import DeltaUpsertSink
 
-    key = stream.schema.primary_key if key is None else as_key(key)
+    key = as_key(key)
     if not key and getattr(table, "requires_key", True):
         raise ValueError("an upsert table needs a primary key: pass key=[...]")
-    schema = _data_schema(stream)
+    schema = pa.schema([f for f in schema if f.name not in (KIND_COL, SEQ_COL, METRICS_COL)])
+    streaming = bool(df.isStreaming)
     sink = DeltaUpsertSink(os.fspath(table), key, schema) if isinstance(table, (str, os.PathLike)) else table
     log = ChangelogSink(changelog_path, changelog_format, key=key, schema=schema) if changelog_path else None
-    report = RunReport(streaming=stream.is_streaming,
+    report = RunReport(streaming=streaming,
                        table=os.fspath(table) if isinstance(table, (str, os.PathLike)) else None,
                        changelog=changelog_path, dead_letter=dead_letter)
     t0 = time.perf_counter()
@@ -183,8 +214,26 @@ def run_to_sink(stream, table, *, checkpoint: Optional[str] = None,
     table_name = os.fspath(table) if isinstance(table, (str, os.PathLike)) else type(table).__name__
 
     def handle(batch: pa.Table, batch_id: int, query_id: str) -> None:
-        data, metrics = split_metrics(batch)
-        report.add_metrics(metrics)
+        from ..sinks.base import split_null_keys
+        data, payloads = split_metrics(batch)
+        side = sort_side_rows(payloads)
+        report.add_metrics(side.metrics)
+        # bad input first: strict stops before anything of the batch is written
+        dead = side.dead_letters
+        if len(dead):
+            if strict:
+                from ..connectors.cdc_json import raise_if_invalid
+                raise_if_invalid(dead)
+            if dead_letter is None:
+                raise ValueError(
+                    f"{len(dead)} invalid input row(s) and no dead-letter directory: first: "
+                    f"{dead.iloc[0].to_dict()}")
+            from ..connectors.dead_letter import write_dead_letter
+            # a batch run is named by content (a second run does not overwrite it)
+            write_dead_letter(dead, dead_letter, batch_id=batch_id if report.streaming else None)
+            report.invalid += len(dead)
+        report.tombstones_skipped += side.skipped.get("tombstone", 0)
+        report.ignored_skipped += side.skipped.get("ignored", 0)
         # a change whose sink key is null cannot be applied: dead letter (or stop),
         # before anything of the batch is written
         data, rejects = split_null_keys(data, key, table_name)
@@ -211,29 +260,9 @@ def run_to_sink(stream, table, *, checkpoint: Optional[str] = None,
         if progress:
             progress(report)
 
-    def handle_bad(invalid: pd.DataFrame, skipped: pd.DataFrame, batch_id) -> None:
-        if strict and len(invalid):
-            from ..connectors.cdc_json import raise_if_invalid
-            raise_if_invalid(invalid)
-        if len(invalid):
-            if dead_letter is None:
-                raise ValueError(
-                    f"{len(invalid)} invalid input row(s) and no dead-letter directory: first: "
-                    f"{invalid.iloc[0].to_dict()}")
-            from ..connectors.dead_letter import write_dead_letter
-            write_dead_letter(invalid, dead_letter, batch_id=batch_id)
-        report.invalid += len(invalid)
-        if len(skipped):
-            cats = skipped["category"].value_counts()
-            report.tombstones_skipped += int(cats.get("tombstone", 0))
-            report.ignored_skipped += int(cats.get("ignored", 0))
-
-    source = stream.source
-    if not stream.is_streaming:
-        if source is not None:
-            handle_bad(source.invalid.toPandas(), source.skipped.toPandas(), None)
+    if not streaming:
         with operator_errors():
-            output = stream.df.toArrow()
+            output = df.toArrow()
         handle(output, 0, f"batch-{uuid.uuid4().hex}")
         report.seconds = time.perf_counter() - t0
         return report
@@ -241,47 +270,39 @@ def run_to_sink(stream, table, *, checkpoint: Optional[str] = None,
     if not checkpoint:
         raise ValueError("a streaming run needs a checkpoint directory (checkpoint=...)")
     main_ck = os.path.join(checkpoint, "main")
-    queries = []
-    if source is not None:
-        from pyspark.sql import functions as F
-        bad = (source.invalid.select("raw", "file", "line", "reason",
-                                     F.lit(None).cast("string").alias("category"))
-               .unionByName(source.skipped.select("raw", "file", "line", "reason", "category")))
 
-        def bad_batch(bdf, batch_id):
-            pdf = bdf.toPandas()
-            is_skip = pdf["category"].notna().to_numpy()
-            handle_bad(pdf[~is_skip].drop(columns="category"), pdf[is_skip], batch_id)
-
-        queries.append(bad.writeStream.foreachBatch(bad_batch)
-                       .option("checkpointLocation", os.path.join(checkpoint, "bad_input"))
-                       .trigger(availableNow=True).start())
-        # strict: a bad line stops the run before the table sees its batch
-        if strict:
-            queries[-1].awaitTermination()
+    failure: list = []
 
     def main_batch(bdf, batch_id):
-        handle(bdf.toArrow(), int(batch_id), _query_id(main_ck))
+        try:
+            handle(bdf.toArrow(), int(batch_id), _query_id(main_ck))
+        except Exception as err:    # re-raised as itself below, not as Spark's wrapper
+            failure.append(err)
+            raise
 
-    queries.append(stream.df.writeStream.foreachBatch(main_batch)
-                   .option("checkpointLocation", main_ck)
-                   .trigger(availableNow=True).start())
+    query = (df.writeStream.foreachBatch(main_batch)
+             .option("checkpointLocation", main_ck)
+             .trigger(availableNow=True).start())
     try:
         with operator_errors():
-            for q in queries:
-                q.awaitTermination()
+            try:
+                query.awaitTermination()
+            except Exception as err:
+                if failure:
+                    raise failure[0] from err
+                raise
     finally:
-        for q in queries:
-            if q.isActive:
-                q.stop()
+        if query.isActive:
+            query.stop()
     report.seconds = time.perf_counter() - t0
     return report
 
 
-def collect_changes(stream) -> pd.DataFrame:
-    """Emitted changes of a bounded stream, ordered by ``_seq`` (then emission)."""
-    if stream.is_streaming:
+def collect_changes(df) -> pd.DataFrame:
+    """Emitted changes of a bounded changelog DataFrame, ordered by ``_seq``
+    (then emission)."""
+    if df.isStreaming:
         raise ValueError("collect() needs a bounded stream; write a streaming one to a sink")
-    data, _ = split_metrics(stream.df.toArrow())
+    data, _ = split_metrics(df.toArrow())
     data["__pos"] = np.arange(len(data))
     return data.sort_values([SEQ_COL, "__pos"], kind="stable").drop(columns="__pos").reset_index(drop=True)

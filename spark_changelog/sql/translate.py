@@ -39,7 +39,7 @@ from ..api import ChangelogStream, read_changes
 from ..model.watermark import duration_ms
 from ..plan import Join, Materialize
 from ..plan.rules import PlanError
-from ..plan.traits import join_output_names
+from ..model import join_output_names
 from .dialect import Descriptor, Flink, TableArgument, WINDOW_TVFS
 from .errors import SqlError, UnsupportedFeature
 from .predicate import JoinCondition, UnsupportedCondition

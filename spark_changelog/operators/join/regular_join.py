@@ -57,7 +57,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from ...model import KIND_COL, SEQ_COL, RowKind
+from ...model import KIND_COL, SEQ_COL, RowKind, join_output_names
 from ...model.rowkind import IS_ADD
 from ..base import KeyedOperator, OpContext
 from ..keys import key_change, lookup_unique
@@ -162,14 +162,7 @@ class JoinInputLayout:
         self.left_fields = lf
         self.right_source_fields = rf
         self.left_keys, self.right_keys = left_keys, right_keys
-        used = {f.name for f in lf}
-        self.right_rename: dict[str, str] = {}
-        for f in rf:
-            name, i = f.name, 0
-            while name in used:
-                name, i = f"{f.name}{i}", i + 1
-            used.add(name)
-            self.right_rename[f.name] = name
+        self.right_rename = join_output_names([f.name for f in lf], [f.name for f in rf])
         self.right_fields = [pa.field(self.right_rename[f.name], f.type) for f in rf]
         self.left_columns = [f.name for f in lf]
         self.right_columns = [f.name for f in self.right_fields]
@@ -242,6 +235,11 @@ class JoinInputLayout:
         """The same union with Spark column expressions (``unionByName``)."""
         from pyspark.sql import functions as F
         from pyspark.sql.pandas.types import from_arrow_type
+        from ...runtime.spark_keyed import METRICS_COL
+
+        # side rows (_kind = -1: dead letters, operator counters) keep their
+        # payload; their data columns are NULL like a missing side's
+        side_rows = METRICS_COL in left_df.columns or METRICS_COL in right_df.columns
 
         def project(df, side):
             exprs = []
@@ -254,6 +252,9 @@ class JoinInputLayout:
                 else:
                     e = F.col(f"`{src}`")
                 exprs.append(e.cast(st).alias(tgt))
+            if side_rows:
+                payload = F.col(f"`{METRICS_COL}`") if METRICS_COL in df.columns else F.lit(None)
+                exprs.append(payload.cast("string").alias(METRICS_COL))
             return df.select(*exprs)
 
         return project(left_df, LEFT).unionByName(project(right_df, RIGHT))

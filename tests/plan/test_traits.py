@@ -12,7 +12,7 @@ from spark_changelog.model import ChangelogMode
 from spark_changelog.plan import PlanError, decide, explain_plan, materialize
 from spark_changelog.plan.expressions import cast_is_injective, classify, is_nondeterministic
 from spark_changelog.plan.rules import order_input
-from spark_changelog.plan.traits import (Join, Normalize, Project, ProjectItem, Sink, Source,
+from spark_changelog.plan.nodes import (Join, Normalize, Project, ProjectItem, Sink, Source,
                                          join_input_specs, join_state_unique_key)
 
 R, U, I = ChangelogMode.RETRACT, ChangelogMode.UPSERT, ChangelogMode.INSERT_ONLY

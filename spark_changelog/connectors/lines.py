@@ -1,0 +1,249 @@
+"""CDC files as numbered lines, read in parallel over byte ranges (docs/runtime.md).
+
+Every CDC format is parsed from one row per line: ``file`` (the file's URI as
+Spark lists it), ``file_no`` (:func:`file_number`), ``line`` (1-based line
+number within the file) and ``raw`` (the line's text).
+
+How line numbers survive splitting
+----------------------------------
+Spark's ``text`` source splits files but cannot number lines: a task only sees
+its byte range.  Here Spark lists the files (the ``binaryFile`` source without
+its ``content`` column, so nothing is read; in streaming it is Spark's file
+stream source, with its checkpointed file log and ``maxFilesPerTrigger``), each
+file becomes byte ranges of ``spark.sql.files.maxPartitionBytes``, the ranges are
+spread over tasks (a round-robin repartition of the few range rows), and a
+Python task (``mapInArrow``) reads its range with ``pyarrow.fs``:
+
+* a range owns the lines that *start* inside it (Hadoop's rule): it skips a
+  partial first line and reads past its end to finish its last line;
+* the number of its first line is one plus the newlines before it, counted
+  by reading the file from its start (a sequential scan at memory speed, only
+  for ranges after the first);
+* lines are cut with numpy on the byte buffer, and go back to the JVM as one
+  Arrow string column: no Python object per line.
+
+The parsing itself (JSON, CSV, validation) stays in Spark.
+
+Normalisation (as documented for the readers): a UTF-8 byte-order mark at the
+start of a file is dropped, ``\\r\\n`` line ends count as ``\\n`` (a lone ``\\r``
+stays part of the line), and blank (whitespace-only) lines after the last
+non-blank line of a file are not rows; a file without a non-blank line has no
+rows.
+"""
+from __future__ import annotations
+
+import re
+from typing import Iterator, Optional, Sequence, Union
+
+import numpy as np
+import pyarrow as pa
+
+#: digits strings longer than this exceed 2^59 (range checks reject them)
+_ROW_LIMIT_DIGITS = 18
+_OUT_OF_RANGE = 1 << 62
+_EXTENSIONS = re.compile(r"(\.[A-Za-z][A-Za-z0-9]*)+$")
+_LAST_DIGITS = re.compile(r"(\d+)\D*$")
+_BOM = b"\xef\xbb\xbf"
+_BLANK = b" \t\r\n"
+#: bytes read per call when looking for the end of a range's last line
+_CHUNK = 1 << 20
+
+
+def file_number(path: str) -> int:
+    """The last run of digits in the file name without its extensions (0 if
+    none): ``inventory.customers+0+0000000042.json`` -> 42.  A number too long
+    for the ``_seq`` encoding is returned as 2^62 so range checks reject it."""
+    base = path.rsplit("/", 1)[-1]
+    stem = _EXTENSIONS.sub("", base)
+    m = _LAST_DIGITS.search(stem)
+    if not m:
+        return 0
+    digits = m.group(1).lstrip("0") or "0"
+    return _OUT_OF_RANGE if len(digits) > _ROW_LIMIT_DIGITS else int(digits)
+
+
+def line_schema(keep_header: bool) -> pa.Schema:
+    fields = [("file", pa.string()), ("file_no", pa.int64()), ("line", pa.int64()), ("raw", pa.string())]
+    if keep_header:
+        fields.append(("header", pa.string()))
+    return pa.schema(fields)
+
+
+def line_ddl(keep_header: bool) -> str:
+    return "file STRING, file_no BIGINT, line BIGINT, raw STRING" + (", header STRING" if keep_header else "")
+
+
+# --------------------------------------------------------------------------- Spark side
+
+
+def read_lines(spark, path: Union[str, Sequence[str]], *, streaming: bool = False,
+               max_files_per_trigger: Optional[int] = None, keep_header: bool = False):
+    """One row per line of the files at ``path`` (module docstring).  With
+    ``keep_header`` a ``header`` column holds each file's first line (CSV)."""
+    schema = "path STRING, modificationTime TIMESTAMP, length BIGINT, content BINARY"
+    if streaming:
+        reader = spark.readStream.format("binaryFile").schema(schema)
+        if max_files_per_trigger is not None:
+            reader = reader.option("maxFilesPerTrigger", int(max_files_per_trigger))
+        files = reader.load(path)
+    else:
+        paths = [path] if isinstance(path, str) else list(path)
+        files = spark.read.format("binaryFile").load(paths)
+    split = max(1, int(_bytes(spark.conf.get("spark.sql.files.maxPartitionBytes", "128m"))))
+    ranges = files.selectExpr(
+        "path", "length", f"explode(sequence(0, greatest(length - 1, 0), {split})) AS start",
+    ).selectExpr("path", "length", "start", f"least(start + {split}, length) AS end")
+    tasks = max(1, int(spark.sparkContext.defaultParallelism))
+    reader = RangeReader(keep_header)
+    return ranges.repartition(tasks).mapInArrow(reader, line_ddl(keep_header))
+
+
+def _bytes(text: str) -> int:
+    """A Spark size setting (``128m``, ``134217728b``, ``1g``) in bytes."""
+    m = re.fullmatch(r"\s*(\d+)\s*([kmgt]?)i?b?\s*", str(text).lower())
+    if not m:
+        return 128 << 20
+    return int(m.group(1)) << {"": 0, "k": 10, "m": 20, "g": 30, "t": 40}[m.group(2)]
+
+
+# --------------------------------------------------------------------------- Python task side
+
+
+class RangeReader:
+    """The ``mapInArrow`` function: byte ranges in, numbered lines out."""
+
+    def __init__(self, keep_header: bool):
+        self.keep_header = keep_header
+        self.schema = line_schema(keep_header)
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            cols = batch.to_pydict()
+            for path, length, start, end in zip(cols["path"], cols["length"], cols["start"], cols["end"]):
+                out = self.read_range(path, int(length), int(start), int(end))
+                if out is not None and out.num_rows:
+                    yield out
+
+    def read_range(self, path: str, length: int, start: int, end: int) -> Optional[pa.RecordBatch]:
+        fs, local = _filesystem(path)
+        with fs.open_input_file(local) as fh:
+            return lines_of_range(fh, path, length, start, end, self.keep_header, self.schema)
+
+
+def _filesystem(uri: str):
+    from pyarrow import fs
+    return fs.FileSystem.from_uri(uri)
+
+
+def lines_of_range(fh, path: str, length: int, start: int, end: int, keep_header: bool,
+                   schema: pa.Schema) -> Optional[pa.RecordBatch]:
+    """The lines starting in ``[start, end)`` of the open file ``fh``."""
+    bom = len(_BOM) if length >= 3 and fh.read_at(3, 0) == _BOM else 0
+    first = max(start, bom)
+    if first > bom:
+        # a range owns the lines starting inside it: skip the partial first line
+        if fh.read_at(1, first - 1) != b"\n":
+            nl = _find_newline(fh, first, length)
+            if nl is None or nl + 1 >= end:
+                return None
+            first = nl + 1
+    if first >= end:
+        return None
+    data = fh.read_at(end - first, first)
+    if not data.endswith(b"\n") and end < length:
+        # finish the last line, which runs past the range
+        nl = _find_newline(fh, end, length)
+        data += fh.read_at((length if nl is None else nl + 1) - end, end)
+    at_eof = first + len(data) >= length
+    buf = np.frombuffer(data, dtype=np.uint8)
+    newlines = np.flatnonzero(buf == 10)
+    starts = np.concatenate(([0], newlines + 1))
+    ends = np.concatenate((newlines, [len(buf)]))
+    if len(data) and data.endswith(b"\n"):
+        starts, ends = starts[:-1], ends[:-1]      # nothing after the final newline
+    # \r\n counts as \n (and a \r ending the file is dropped with it)
+    cr = (ends > starts) & (buf[np.maximum(ends - 1, 0)] == 13)
+    ends = ends - cr
+    if len(starts) and not _has_content(buf[starts[-1]:ends[-1]]) and (
+            at_eof or not _rest_has_content(fh, first + len(data), length)):
+        # blank lines after the last non-blank line of the file are not rows
+        keep = _last_non_blank(buf, starts, ends)
+        starts, ends, cr = starts[:keep], ends[:keep], cr[:keep]
+    if not len(starts):
+        return None
+    line0 = 1 + _count_newlines(fh, bom, first)
+    raw = _string_array(buf, newlines, starts, ends, cr)
+    n = len(starts)
+    columns = [pa.array([path] * n, pa.string()), pa.array(np.full(n, file_number(path), dtype=np.int64)),
+               pa.array(np.arange(line0, line0 + n, dtype=np.int64)), raw]
+    if keep_header:
+        header = first_line(fh, bom, length)
+        columns.append(pa.array([header] * n, pa.string()))
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+def _find_newline(fh, pos: int, length: int) -> Optional[int]:
+    while pos < length:
+        chunk = fh.read_at(min(_CHUNK, length - pos), pos)
+        i = chunk.find(b"\n")
+        if i >= 0:
+            return pos + i
+        pos += len(chunk)
+    return None
+
+
+def _count_newlines(fh, start: int, stop: int) -> int:
+    n, pos = 0, start
+    while pos < stop:
+        chunk = fh.read_at(min(_CHUNK * 16, stop - pos), pos)
+        n += chunk.count(b"\n")
+        pos += len(chunk)
+    return n
+
+
+def _rest_has_content(fh, pos: int, length: int) -> bool:
+    while pos < length:
+        chunk = fh.read_at(min(_CHUNK, length - pos), pos)
+        if chunk.strip(_BLANK):
+            return True
+        pos += len(chunk)
+    return False
+
+
+def _has_content(part: np.ndarray) -> bool:
+    return bool(bytes(part).strip(_BLANK))
+
+
+def _last_non_blank(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> int:
+    """How many lines remain after dropping the trailing whitespace-only ones."""
+    i = len(starts)
+    while i > 0 and not _has_content(buf[starts[i - 1]:ends[i - 1]]):
+        i -= 1
+    return i
+
+
+def first_line(fh, bom: int, length: int) -> str:
+    nl = _find_newline(fh, bom, length)
+    stop = length if nl is None else nl
+    text = fh.read_at(stop - bom, bom)
+    if text.endswith(b"\r"):
+        text = text[:-1]
+    return text.decode("utf-8", errors="replace")
+
+
+def _string_array(buf: np.ndarray, newlines: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+                  cr: np.ndarray) -> pa.Array:
+    """Lines ``[starts[i], ends[i])`` of ``buf`` as one Arrow string array.
+
+    The lines tile the buffer from 0, separated by their ``\n`` (and a
+    dropped ``\r``): removing those bytes and everything after the last line
+    leaves the values back to back (one copy, no per-line work)."""
+    keep = np.ones(len(buf), dtype=bool)
+    keep[newlines] = False
+    keep[ends[cr]] = False
+    keep[ends[-1]:] = False
+    values = buf[keep]
+    offsets = np.zeros(len(starts) + 1, dtype=np.int64)
+    np.cumsum(ends - starts, out=offsets[1:])
+    return pa.Array.from_buffers(pa.large_string(), len(starts),
+                                 [None, pa.py_buffer(offsets), pa.py_buffer(values)]).cast(pa.string())

@@ -1,0 +1,209 @@
+"""Lowering: the one place that turns a plan into operators and DataFrames.
+
+``lower(node)`` takes a planned tree (``rules.optimize``/``rules.plan_sink``
+already applied) and returns a :class:`Lowered`: the Spark DataFrame of the
+node's changelog, the keyed operators built for it and the source leaves
+(whose readers' bad input the sink runner sends to the dead-letter output).
+The Python API and the SQL front end both end here; nothing else builds an
+operator or a pipeline DataFrame (docs/plan.md).
+
+Side rows (``_kind = -1``, a JSON payload in ``_metrics``: operator metrics
+and whatever a reader sends along) pass through every step built here
+unchanged: projections and filters keep them (their data columns are null),
+a join unions both inputs' side rows into its input, and keyed operators
+route them to key group -1 (``runtime.spark_keyed``).
+
+Each node is lowered once per process (memoized by node identity, like its
+traits; a memo entry never refers to its own node, so it goes with the node): the API asks for column types while it builds a pipeline, and the
+pipeline reuses the DataFrames.
+"""
+from __future__ import annotations
+
+import dataclasses
+import weakref
+from typing import Optional
+
+from ..model import KIND_COL, SEQ_COL
+from ..runtime.spark_keyed import (DEFAULT_KEY_GROUPS, METRICS_COL, METRICS_KIND, apply_keyed,
+                                   arrow_schema_of)
+from . import expressions
+from .nodes import (Filter, Join, Materialize, Node, Normalize, Project, Sink, Source,
+                    WatermarkAssigner, join_state_unique_key)
+from .rules import PlanError
+
+
+@dataclasses.dataclass(frozen=True)
+class Lowered:
+    """A lowered node: its changelog DataFrame (data columns, ``_kind``,
+    ``_seq``, and ``_metrics`` when side rows may travel in it), the keyed
+    operators built for it (inputs first) and the readers of its source
+    leaves (their bad input goes to the dead-letter output)."""
+
+    df: object
+    operators: tuple = ()
+    readers: tuple = ()
+
+    @property
+    def data_df(self):
+        """The DataFrame without side rows and their column."""
+        return data_rows(self.df)
+
+    @property
+    def is_streaming(self) -> bool:
+        return bool(self.df.isStreaming)
+
+
+def data_rows(df):
+    from pyspark.sql import functions as F
+    if METRICS_COL in df.columns:
+        return df.where(F.col(KIND_COL) != F.lit(METRICS_KIND)).drop(METRICS_COL)
+    return df
+
+
+_LOWERED: "weakref.WeakKeyDictionary[Node, Lowered]" = weakref.WeakKeyDictionary()
+
+
+def lower(node: Node) -> Lowered:
+    """The DataFrame and operators of a planned ``node`` (module docstring)."""
+    done = _LOWERED.get(node)
+    if done is None:
+        done = _lower(node)
+        _LOWERED[node] = done
+    return done
+
+
+def _lower(node: Node) -> Lowered:
+    if isinstance(node, Source):
+        return _source(node)
+    if isinstance(node, Sink):
+        return lower(node.input)
+    if isinstance(node, WatermarkAssigner):
+        inp = lower(node.input)
+        return dataclasses.replace(inp, df=inp.df.withWatermark(node.column,
+                                                                node.strategy.spark_delay))
+    if isinstance(node, Project):
+        return _project(node, lower(node.input))
+    if isinstance(node, Filter):
+        return _filter(node, lower(node.input))
+    if isinstance(node, Normalize):
+        from ..operators.normalize import ChangelogNormalize
+        inp = lower(node.input)
+        op = ChangelogNormalize(arrow_schema_of(inp.data_df), node.key,
+                                state_ttl_ms=node.state_ttl_ms,
+                                tombstone_retention_ms=node.tombstone_retention_ms,
+                                generate_update_before=node.generate_update_before)
+        return _keyed(inp, inp.df, op, node.key_groups)
+    if isinstance(node, Materialize):
+        from ..operators.sink_upsert_materializer import SinkUpsertMaterializer
+        inp = lower(node.input)
+        op = SinkUpsertMaterializer(arrow_schema_of(inp.data_df), node.sink_key,
+                                    upsert_key=node.upsert_key, state_ttl_ms=node.state_ttl_ms,
+                                    conflict=node.conflict)
+        return _keyed(inp, inp.df, op, node.key_groups)
+    if isinstance(node, Join):
+        return _join(node, lower(node.left), lower(node.right))
+    raise PlanError(f"no lowering for plan node {type(node).__name__}")
+
+
+def _keyed(inp: Lowered, df, op, key_groups: Optional[int]) -> Lowered:
+    out = apply_keyed(df, op, key_groups=key_groups or DEFAULT_KEY_GROUPS)
+    return Lowered(out, inp.operators + (op,), inp.readers)
+
+
+def _source(node: Source) -> Lowered:
+    df = node.reader.rows if node.reader is not None else node.dataframe
+    if df is None:
+        raise PlanError(f"source {node.name!r} has neither a reader nor a DataFrame")
+    return Lowered(df, (), (node.reader,) if node.reader is not None else ())
+
+
+def spark_column(item):
+    """The pyspark Column of a projection item (or filter): the user's own
+    Column, else Spark SQL generated from the tree."""
+    from pyspark.sql import functions as F
+    if item.column is not None:
+        return item.column
+    tree = getattr(item, "expr", None)
+    if tree is None:
+        tree = getattr(item, "condition", None)
+    if tree is None:
+        raise PlanError(f"projection item {item!r} has no expression to lower")
+    return F.expr(expressions.to_spark_sql(expressions.split_alias(tree)[0]))
+
+
+def _project(node: Project, inp: Lowered) -> Lowered:
+    from pyspark.sql import functions as F
+    df = inp.df
+    keep_side_rows = METRICS_COL in df.columns
+    is_data = F.col(KIND_COL) != F.lit(METRICS_KIND)
+    cols = []
+    for item in node.items:
+        e = spark_column(item)
+        cols.append((F.when(is_data, e) if keep_side_rows else e).alias(item.name))
+    cols += [F.col(KIND_COL), F.col(SEQ_COL)] + ([F.col(METRICS_COL)] if keep_side_rows else [])
+    return dataclasses.replace(inp, df=df.select(*cols))
+
+
+def _filter(node: Filter, inp: Lowered) -> Lowered:
+    from pyspark.sql import functions as F
+    cond = spark_column(node)
+    if METRICS_COL in inp.df.columns:
+        cond = (F.col(KIND_COL) == F.lit(METRICS_KIND)) | cond
+    return dataclasses.replace(inp, df=inp.df.where(cond))
+
+
+def _join(node: Join, left: Lowered, right: Lowered) -> Lowered:
+    from ..operators.join import JoinInputLayout, RegularJoin
+    layout = JoinInputLayout(arrow_schema_of(left.data_df), arrow_schema_of(right.data_df),
+                             node.left_keys, node.right_keys)
+    op = RegularJoin(layout, node.how, join_state_unique_key(node.left.traits, node.left_keys),
+                     join_state_unique_key(node.right.traits, node.right_keys), node.condition,
+                     node.state_ttl_ms)
+    union = layout.spark_union(left.data_df, right.data_df)
+    union = _with_side_rows(union, (left.df, right.df))
+    readers = left.readers + tuple(r for r in right.readers
+                                   if not any(r is o for o in left.readers))
+    return Lowered(apply_keyed(union, op, key_groups=node.key_groups or DEFAULT_KEY_GROUPS),
+                   left.operators + right.operators + (op,), readers)
+
+
+def _with_side_rows(union, inputs):
+    """The join's input union plus the side rows of both inputs (contract:
+    side rows pass through every operator), their data columns null."""
+    from pyspark.sql import functions as F
+    carriers = [df for df in inputs if METRICS_COL in df.columns]
+    if not carriers:
+        return union
+    out = union.withColumn(METRICS_COL, F.lit(None).cast("string"))
+    for df in carriers:
+        side = df.where(F.col(KIND_COL) == F.lit(METRICS_KIND))
+        out = out.unionByName(side.select(*[
+            F.col(f.name) if f.name in (KIND_COL, SEQ_COL, METRICS_COL)
+            else F.lit(None).cast(f.dataType).alias(f.name)
+            for f in out.schema.fields]))
+    return out
+
+
+def column_sql(df, column) -> tuple[str, str]:
+    """(Spark's output name, SQL text) of a pyspark Column resolved against
+    ``df``: the text Spark's analyzer prints for the resolved expression, which
+    parses with the Spark dialect (a Column's own string form does not:
+    ``+(a, 1)``).  Raises Spark's analysis error for a bad column."""
+    probe = df.select(column)
+    name = probe.columns[0]
+    try:
+        e = probe._jdf.queryExecution().analyzed().projectList().apply(0)
+    except Exception:   # not a classic session (Spark Connect): the Column's text
+        text = str(column)
+        return name, text[8:-2] if text.startswith("Column<'") else text
+    if e.getClass().getSimpleName() == "Alias":
+        return name, e.child().sql()
+    return name, e.sql()
+
+
+def spark_types(df) -> dict:
+    """Column -> Spark simple type string (for cast injectivity and checks)."""
+    return {f.name: f.dataType.simpleString() for f in df.schema.fields}
+
+
+__all__ = ["Lowered", "lower", "data_rows", "column_sql", "spark_types", "spark_column"]

@@ -1,0 +1,575 @@
+"""Plan nodes: the single description of a pipeline (docs/plan.md).
+
+A node is an immutable value that carries everything needed to build its
+operator (keys, options, expressions as sqlglot trees, the source's reader)
+and derives its own :class:`Traits` from its inputs' traits with one small
+rule per node type (``derive_traits``), in the style of Flink's
+``FlinkRelMdUniqueKeys``/``FlinkRelMdUpsertKeys``.  Nothing here touches
+Spark: the API and the SQL front end build nodes, ``rules`` rewrites them,
+``lower`` alone turns them into operators and DataFrames, tests feed them as
+data.
+
+Trait rules (docs/semantics.md, sections 1-4 and 10):
+
+* Source: the primary key is a unique key and the upsert key; the mode is the
+  stream's.
+* Project: a key survives when each of its columns is kept by an injective
+  expression of itself (a plain reference, a rename, a widening cast); a key
+  touching a column that is dropped, narrowed by a cast or combined with others
+  (``concat``, arithmetic, ...) is lost.
+* Filter: keeps every trait (a row is kept or dropped whole).
+* Normalize (ChangelogNormalize): its key is the unique key and upsert key; it
+  produces a retract stream (upsert without update-before).  Its retractions
+  come from its state, so non-determinism upstream of it is neutralised.
+* Exchange (the shuffle in front of a join side): the upsert key survives only
+  if it contains the shuffle columns; otherwise rows of one upsert key go to
+  different tasks and their order is lost (the seed's ``s1`` shuffled by
+  ``level``).
+* Join: a side's unique keys stay unique when the *other* side is unique on
+  its join columns (inner joins and the preserved side of outer joins); the
+  union of a left and a right unique key is always unique.  Upsert keys follow
+  the same rule applied to the sides' upsert keys after their exchange (the
+  "is the other side unique on its join key" test uses unique keys).  The
+  output is a retract stream if an input has updates or the join is outer.
+
+Order (docs/semantics.md, section 10): ``ordered`` says each key's changes
+reach the next operator in source-sequence order whatever order files or
+micro-batches bring them in.  A bounded source is ordered (the runtime sorts
+each key group's rows by ``_seq``); so is an insert-only one (nothing to
+retract).  A streaming source with updates is not, unless the user declares it
+(``ordered=True``).  ChangelogNormalize restores it (it drops changes older than
+the key's applied one); projections and filters keep it; a join or
+materializer emits its own consistent changelog, so its output is ordered.
+``rules.order_input`` puts a ChangelogNormalize in front of every
+order-sensitive consumer of an unordered input.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Iterable, Optional, Sequence
+
+from ..model import ChangelogMode, join_output_names
+from ..model.watermark import DAY_MS, BoundedOutOfOrderness, WatermarkStrategy
+
+Key = tuple[str, ...]
+
+
+def _key(cols: Optional[Iterable[str]]) -> Key:
+    return tuple(cols) if cols else ()
+
+
+def _dedup_keys(keys: Iterable[Sequence[str]]) -> tuple[Key, ...]:
+    """Distinct keys (as sets), shortest first, without supersets of another key."""
+    out: list[Key] = []
+    for k in sorted((tuple(k) for k in keys if k), key=lambda k: (len(k), k)):
+        if not any(set(o) <= set(k) for o in out):
+            out.append(k)
+    return tuple(out)
+
+
+def fmt_key(key: Optional[Sequence[str]]) -> str:
+    return "[" + ", ".join(key or ()) + "]"
+
+
+def fmt_keys(keys: Sequence[Sequence[str]]) -> str:
+    return "[" + ", ".join(fmt_key(k) for k in keys) + "]" if keys else "[]"
+
+
+@dataclasses.dataclass(frozen=True)
+class Traits:
+    """What the planner knows about a node's output.
+
+    ``primary_key``: the declared key the API uses as the default key of
+    ``normalize`` and ``write_upsert`` (a source's primary key, carried through
+    projections, set by normalize and the materializer, lost by a join).
+    ``time_attribute``/``watermark``: the event-time column and its strategy.
+    """
+
+    columns: tuple[str, ...]
+    mode: ChangelogMode
+    unique_keys: tuple[Key, ...] = ()
+    upsert_key: Optional[Key] = None          # None: no upsert key (compare whole rows)
+    nondeterministic: frozenset = frozenset()
+    has_watermark: bool = False
+    notes: tuple[str, ...] = ()               # why a key was lost, auto-inserted steps, ...
+    ordered: bool = True                      # per-key changes arrive in sequence order
+    primary_key: Key = ()
+    time_attribute: Optional[str] = None
+    watermark: Optional[WatermarkStrategy] = None
+
+    def describe(self) -> str:
+        return (f"changelogMode=[{self.mode.kinds[1:-1]}], uniqueKeys={fmt_keys(self.unique_keys)}, "
+                f"upsertKey={fmt_key(self.upsert_key)}")
+
+
+# --------------------------------------------------------------------------- base
+
+
+class Node:
+    """A plan node; ``children`` are its inputs (in order)."""
+
+    children: tuple = ()
+
+    @property
+    def traits(self) -> Traits:
+        cached = self.__dict__.get("_traits")
+        if cached is None:
+            cached = self.derive_traits()
+            object.__setattr__(self, "_traits", cached)
+        return cached
+
+    def derive_traits(self) -> Traits:
+        raise NotImplementedError
+
+    def label(self) -> str:
+        raise NotImplementedError
+
+    def with_children(self, *children: "Node") -> "Node":
+        """The same node over other inputs (for rewriting rules)."""
+        raise NotImplementedError
+
+
+class _Unary(Node):
+    """A node with one input, the field ``input``."""
+
+    input: Node
+
+    @property
+    def children(self):
+        return (self.input,)
+
+    def with_children(self, *children: Node) -> Node:
+        (child,) = children
+        return self if child is self.input else dataclasses.replace(self, input=child)
+
+
+def infer(node: Node) -> Traits:
+    """The traits of ``node`` (its own rule; cached on the node)."""
+    return node.traits
+
+
+# --------------------------------------------------------------------------- sources
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Source(Node):
+    """A leaf: a CDC reader or a DataFrame that already has ``_kind``/``_seq``.
+
+    ``reader``: what the connector returned (``changes``/``invalid``/``skipped``
+    DataFrames and the format); its bad input reaches the dead-letter output
+    whatever operators follow.  ``dataframe``: the wrapped DataFrame of
+    ``ChangelogStream.from_dataframe``.  Lowering reads the one that is set.
+    """
+
+    name: str
+    columns: tuple[str, ...]
+    primary_key: Key = ()
+    mode: ChangelogMode = ChangelogMode.RETRACT
+    upsert_key: Optional[Key] = None   # default: the primary key
+    nondeterministic: frozenset = frozenset()
+    has_watermark: bool = False
+    streaming: bool = False
+    declared_ordered: bool = False     # the user vouches for per-key arrival order
+    reader: Optional[object] = dataclasses.field(default=None, repr=False)
+    dataframe: Optional[object] = dataclasses.field(default=None, repr=False)
+
+    def with_children(self, *children: Node) -> Node:
+        assert not children
+        return self
+
+    @property
+    def ordered(self) -> bool:
+        """Each key's changes arrive in sequence order (see the module docstring)."""
+        return self.declared_ordered or not self.streaming or not self.mode.has_updates
+
+    def label(self) -> str:
+        extra = ", ordered=[declared]" if self.declared_ordered and self.streaming \
+            and self.mode.has_updates else ""
+        return (f"Source(name=[{self.name}], fields=[{', '.join(self.columns)}], "
+                f"primaryKey={fmt_key(self.primary_key)}{extra})")
+
+    def derive_traits(self) -> Traits:
+        pk = _key(self.primary_key)
+        up = _key(self.upsert_key) if self.upsert_key is not None else pk
+        notes = ()
+        if self.streaming and self.mode.has_updates and self.declared_ordered:
+            notes = ("declared ordered: each key's changes are applied in arrival order. If files "
+                     "or micro-batches bring a key's changes out of source-sequence order, a join, "
+                     "materializer or sink can apply a retraction before its row and keep stale "
+                     "rows or lose rows",)
+        return Traits(tuple(self.columns), self.mode, _dedup_keys([pk]), up or None,
+                      frozenset(self.nondeterministic), self.has_watermark, notes, self.ordered,
+                      primary_key=pk)
+
+
+# --------------------------------------------------------------------------- event time
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class WatermarkAssigner(_Unary):
+    """Declares the event-time column and the watermark strategy
+    (docs/semantics.md, section 6)."""
+
+    input: Node
+    column: str
+    bound_ms: int = 0
+
+    @property
+    def strategy(self) -> WatermarkStrategy:
+        return BoundedOutOfOrderness(self.column, self.bound_ms)
+
+    def label(self) -> str:
+        return (f"WatermarkAssigner(rowtime=[{self.column}], "
+                f"watermark=[{self.column} - {self.bound_ms} ms])")
+
+    def derive_traits(self) -> Traits:
+        return dataclasses.replace(self.input.traits, has_watermark=True, notes=(),
+                                   time_attribute=self.column, watermark=self.strategy)
+
+
+# --------------------------------------------------------------------------- projection
+
+
+@dataclasses.dataclass(frozen=True)
+class ProjectItem:
+    """One output column of a projection.
+
+    ``source``: the input column it is computed from when it is a function of
+    that one column alone, else ``None``.  ``injective``: it is a one-to-one
+    function of ``source`` (a reference, a rename, a widening cast), so keys
+    over ``source`` carry over.  ``deterministic``: False for ``rand()``,
+    ``current_timestamp()``, ``uuid()``, ... ``text``: for explain.
+    ``inputs``: the input columns it reads (non-determinism propagates
+    through them).  These facts are read from ``expr``, the expression as a
+    sqlglot tree (``expressions.project_item``); lowering generates Spark SQL
+    from it.  ``column``: the pyspark Column the user passed, which lowering
+    uses as it is (it may hold what SQL cannot name, e.g. a Python UDF).
+    """
+
+    name: str
+    source: Optional[str] = None
+    injective: bool = True
+    deterministic: bool = True
+    text: str = ""
+    inputs: tuple[str, ...] = ()
+    expr: Optional[object] = dataclasses.field(default=None, compare=False, repr=False)
+    column: Optional[object] = dataclasses.field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def ref(cls, name: str, source: Optional[str] = None) -> "ProjectItem":
+        from sqlglot import exp
+        source = source or name
+        return cls(name, source, True, True, source if source == name else f"{source} AS {name}",
+                   (source,), exp.column(source, quoted=True))
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Project(_Unary):
+    input: Node
+    items: tuple[ProjectItem, ...]
+
+    def label(self) -> str:
+        return f"Project(select=[{', '.join(i.text or i.name for i in self.items)}])"
+
+    def derive_traits(self) -> Traits:
+        """Keys whose columns all survive injectively, renamed to their output names."""
+        t = self.input.traits
+        # input column -> output names that carry it one-to-one
+        carried: dict[str, list[str]] = {}
+        for it in self.items:
+            if it.source is not None and it.injective and it.source in t.columns:
+                carried.setdefault(it.source, []).append(it.name)
+
+        def remap(key: Key) -> Optional[Key]:
+            if not key or any(c not in carried for c in key):
+                return None
+            return tuple(carried[c][0] for c in key)
+
+        uks = _dedup_keys(k for k in (remap(k) for k in t.unique_keys) if k)
+        up = remap(t.upsert_key) if t.upsert_key else None
+        notes = []
+        if t.upsert_key and up is None:
+            notes.append(f"upsert key {fmt_key(t.upsert_key)} lost: not all of its columns are "
+                         "kept unchanged by the projection")
+        nd = set()
+        for it in self.items:
+            reads = it.inputs or ((it.source,) if it.source else ())
+            if not it.deterministic or any(c in t.nondeterministic for c in reads):
+                nd.add(it.name)
+        time_attr = carried[t.time_attribute][0] if t.time_attribute in carried else None
+        watermark = t.watermark
+        if watermark is not None and time_attr is not None:
+            watermark = watermark.renamed(time_attr)
+        return Traits(tuple(i.name for i in self.items), t.mode, uks, up, frozenset(nd),
+                      t.has_watermark, tuple(notes), t.ordered,
+                      primary_key=remap(t.primary_key) or (), time_attribute=time_attr,
+                      watermark=watermark)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Filter(_Unary):
+    """Keeps the rows for which ``condition`` (a sqlglot tree) is true.
+
+    On a stream with updates a filter keeps or drops ``-U`` and ``+U`` of one
+    update independently, which is right for a retract stream (the row leaving
+    the filter is retracted, the one entering it added); an upsert stream has
+    no ``-U``, so the API normalizes it first (docs/semantics.md, section 1).
+    ``column``: the pyspark Column the user passed, used as is by lowering.
+    """
+
+    input: Node
+    condition: object
+    text: str
+    column: Optional[object] = dataclasses.field(default=None, compare=False, repr=False)
+
+    def label(self) -> str:
+        return f"Calc(where=[{self.text}])"
+
+    def derive_traits(self) -> Traits:
+        return dataclasses.replace(self.input.traits, notes=())
+
+
+# --------------------------------------------------------------------------- keyed operators
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Normalize(_Unary):
+    """ChangelogNormalize on ``key`` (docs/semantics.md, section 5)."""
+
+    input: Node
+    key: Key
+    generate_update_before: bool = True
+    inserted_because: str = ""   # set when the planner inserted it (rules.order_input)
+    state_ttl_ms: Optional[int] = None
+    tombstone_retention_ms: Optional[int] = DAY_MS
+    key_groups: Optional[int] = None   # None: the runtime's default
+
+    @property
+    def auto(self) -> bool:
+        return bool(self.inserted_because)
+
+    def label(self) -> str:
+        why = f", inserted: {self.inserted_because}" if self.auto else ""
+        return f"ChangelogNormalize(key={fmt_key(self.key)}{why})"
+
+    def derive_traits(self) -> Traits:
+        t = self.input.traits
+        key = _key(self.key)
+        mode = ChangelogMode.RETRACT if self.generate_update_before else ChangelogMode.UPSERT
+        return Traits(t.columns, mode, _dedup_keys([key] + list(t.unique_keys)), key,
+                      frozenset(), t.has_watermark, primary_key=key,
+                      time_attribute=t.time_attribute, watermark=t.watermark)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Join(Node):
+    """Regular (unbounded) join (docs/semantics.md, section 4).
+
+    ``condition``: an extra non-equi predicate, vectorized over candidate pairs
+    (``condition(left_df, right_df) -> bool array``, output column names).
+    """
+
+    left: Node
+    right: Node
+    left_keys: Key
+    right_keys: Key
+    how: str = "inner"
+    condition: Optional[Callable] = dataclasses.field(default=None, repr=False)
+    state_ttl_ms: object = None        # int or (left, right)
+    key_groups: Optional[int] = None
+
+    @property
+    def children(self):
+        return (self.left, self.right)
+
+    def with_children(self, *children: Node) -> Node:
+        left, right = children
+        if left is self.left and right is self.right:
+            return self
+        return dataclasses.replace(self, left=left, right=right)
+
+    @property
+    def has_condition(self) -> bool:
+        return self.condition is not None
+
+    @property
+    def right_rename(self) -> dict:
+        return join_output_names(self.left.traits.columns, self.right.traits.columns)
+
+    def label(self) -> str:
+        rn = self.right_rename
+        where = " AND ".join(f"{lk} = {rn[rk]}" for lk, rk in zip(self.left_keys, self.right_keys))
+        specs = join_input_specs(self)
+        return (f"Join(joinType=[{self.how.capitalize()}Join], where=[{where}"
+                f"{' AND <condition>' if self.has_condition else ''}], "
+                f"leftInputSpec=[{specs[0]}], rightInputSpec=[{specs[1]}])")
+
+    def derive_traits(self) -> Traits:
+        left, right = self.left.traits, self.right.traits
+        t = join_traits(left, right, self.left_keys, self.right_keys, self.how)
+        # the event-time column of the output: the left one, else the right one
+        # (renamed as in the output); the watermark is the query's, min over sources
+        if not t.has_watermark:
+            return t
+        time_attr = left.time_attribute
+        if time_attr is None and right.time_attribute is not None:
+            time_attr = self.right_rename[right.time_attribute]
+        watermark = left.watermark or right.watermark
+        if watermark is not None and time_attr is not None:
+            watermark = watermark.renamed(time_attr)
+        return dataclasses.replace(t, time_attribute=time_attr, watermark=watermark)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Materialize(_Unary):
+    """SinkUpsertMaterializer in front of a sink (inserted by ``rules.materialize``)."""
+
+    input: Node
+    sink_key: Key
+    upsert_key: Optional[Key]
+    conflict: str = "deduplicate"
+    state_ttl_ms: Optional[int] = None
+    key_groups: Optional[int] = None
+
+    def label(self) -> str:
+        return (f"SinkUpsertMaterializer(key={fmt_key(self.sink_key)}, "
+                f"upsertKey={fmt_key(self.upsert_key)}, conflictStrategy=[{self.conflict.upper()}])")
+
+    def derive_traits(self) -> Traits:
+        t = self.input.traits
+        # its output per sink key is ordered: the sink key is now the upsert key
+        return dataclasses.replace(t, unique_keys=_dedup_keys([self.sink_key] + list(t.unique_keys)),
+                                   upsert_key=self.sink_key, notes=(), primary_key=self.sink_key)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Sink(_Unary):
+    """An upsert table keyed by ``key``; ``decision``: the materializer decision
+    once planned (``rules.materialize``).  ``materializer_ttl_ms``/``key_groups``
+    are the options of the materializer the planner may insert."""
+
+    input: Node
+    name: str
+    key: Key
+    strategy: str = "auto"
+    conflict: Optional[str] = None
+    decision: Optional[object] = None   # rules.MaterializeDecision once planned
+    materializer_ttl_ms: Optional[int] = None
+    key_groups: Optional[int] = None
+
+    def label(self) -> str:
+        parts = [f"Sink(table=[{self.name}], primaryKey={fmt_key(self.key)}"]
+        if self.decision is not None:
+            parts.append(f", upsertMaterialize=[{str(self.decision.inserted).lower()}]")
+        if self.conflict or (self.decision is not None and self.decision.inserted):
+            parts.append(f", conflictStrategy=[{(self.conflict or 'deduplicate').upper()}]")
+        return "".join(parts) + ")"
+
+    def derive_traits(self) -> Traits:
+        return dataclasses.replace(self.input.traits, notes=())
+
+
+# --------------------------------------------------------------------------- join rules
+
+
+def exchange_upsert_key(t: Traits, by: Key) -> tuple[Optional[Key], Optional[str]]:
+    """The upsert key after a hash shuffle on ``by`` (and a note when it is lost)."""
+    if not t.upsert_key:
+        return None, None
+    if set(by) <= set(t.upsert_key):
+        return t.upsert_key, None
+    return None, (f"upsert key {fmt_key(t.upsert_key)} lost: the input is shuffled by "
+                  f"{fmt_key(by)}, which it does not contain, so changes of one key can take "
+                  "different paths")
+
+
+def _side_unique_on(keys: Sequence[Key], join_cols: Key) -> bool:
+    return any(k and set(k) <= set(join_cols) for k in keys)
+
+
+def _join_keys(how: str, left: Sequence[Key], right: Sequence[Key],
+               left_unique: bool, right_unique: bool) -> list[Key]:
+    out: list[Key] = []
+    if right_unique and how in ("inner", "left"):
+        out += list(left)
+    if left_unique and how in ("inner", "right"):
+        out += list(right)
+    out += [tuple(l) + tuple(c for c in r if c not in l) for l in left for r in right]
+    return out
+
+
+def join_traits(left: Traits, right: Traits, left_keys: Key, right_keys: Key,
+                how: str = "inner") -> Traits:
+    how = how.lower()
+    rn = join_output_names(left.columns, right.columns)
+    r_uks = [tuple(rn[c] for c in k) for k in right.unique_keys]
+    left_unique = _side_unique_on(left.unique_keys, left_keys)
+    right_unique = _side_unique_on(right.unique_keys, right_keys)
+    uks = _dedup_keys(_join_keys(how, left.unique_keys, r_uks, left_unique, right_unique))
+
+    notes = []
+    l_up, note = exchange_upsert_key(left, left_keys)
+    if note:
+        notes.append("left " + note)
+    r_up, note = exchange_upsert_key(right, right_keys)
+    if note:
+        notes.append("right " + note)
+    r_up = tuple(rn[c] for c in r_up) if r_up else None
+    ups = _dedup_keys(_join_keys(how, [l_up] if l_up else [], [r_up] if r_up else [],
+                                 left_unique, right_unique))
+    up = ups[0] if ups else None
+    if up is None and (l_up or r_up):
+        kept, other, other_keys = (("left", "right", right_keys) if l_up else
+                                   ("right", "left", left_keys))
+        notes.append(f"the {kept} side keeps its upsert key {fmt_key(l_up or r_up)}, but the "
+                     f"{other} side is not unique on its join key {fmt_key(other_keys)} and has no "
+                     f"upsert key left, so the output has no upsert key")
+    for side, t in (("left", left), ("right", right)):
+        if not t.ordered:
+            notes.append(f"{side} input is a streaming changelog without a key: its per-row order "
+                         "cannot be restored, changes are joined in arrival order")
+    updates = left.mode.has_updates or right.mode.has_updates or how != "inner"
+    mode = ChangelogMode.RETRACT if updates else ChangelogMode.INSERT_ONLY
+    nd = frozenset(left.nondeterministic) | frozenset(rn[c] for c in right.nondeterministic)
+    return Traits(tuple(left.columns) + tuple(rn[c] for c in right.columns), mode, uks, up, nd,
+                  left.has_watermark and right.has_watermark, tuple(notes))
+
+
+def join_input_specs(node: Join) -> tuple[str, str]:
+    """Flink's ``JoinInputSideSpec`` names of both sides (the state view each gets)."""
+    def spec(t: Traits, keys: Key) -> str:
+        if not t.unique_keys:
+            return "NoUniqueKey"
+        if _side_unique_on(t.unique_keys, keys):
+            return "JoinKeyContainsUniqueKey"
+        return "HasUniqueKey"
+    return spec(node.left.traits, node.left_keys), spec(node.right.traits, node.right_keys)
+
+
+def join_state_unique_key(t: Traits, keys: Key) -> Optional[Key]:
+    """The unique key a join side's state view uses: one contained in the join
+    key if any (``JoinKeyContainsUniqueKey``), else the shortest one."""
+    inside = [k for k in t.unique_keys if set(k) <= set(keys)]
+    if inside:
+        return inside[0]
+    return t.unique_keys[0] if t.unique_keys else None
+
+
+def source_leaves(node: Node) -> list[Source]:
+    """The Source leaves of a plan, left to right, each once."""
+    out: list[Source] = []
+
+    def walk(n: Node) -> None:
+        if isinstance(n, Source):
+            if not any(s is n for s in out):
+                out.append(n)
+        for c in n.children:
+            walk(c)
+    walk(node)
+    return out
+
+
+__all__ = ["Traits", "Node", "Source", "WatermarkAssigner", "Project", "ProjectItem", "Filter",
+           "Normalize", "Join", "Materialize", "Sink", "infer", "join_traits",
+           "exchange_upsert_key", "join_input_specs", "join_state_unique_key", "source_leaves",
+           "fmt_key", "fmt_keys", "Key"]

@@ -1,0 +1,83 @@
+"""Numbered lines over byte ranges (connectors/lines.py): however a file is
+split, every line comes out once with its exact 1-based line number, with the
+readers' normalisation (byte-order mark, CRLF, trailing blank lines)."""
+from __future__ import annotations
+
+import os
+
+from hypothesis import given, settings, strategies as st
+
+from spark_changelog.connectors import lines as L
+
+
+class BytesFile:
+    """The part of pyarrow's RandomAccessFile the range reader uses."""
+
+    def __init__(self, data: bytes):
+        self.data = data
+
+    def read_at(self, n: int, offset: int) -> bytes:
+        return self.data[offset:offset + n]
+
+
+def read_all(data: bytes, split: int) -> list[tuple[int, str, str]]:
+    out = []
+    schema = L.line_schema(True)
+    for start in range(0, max(len(data), 1), split):
+        batch = L.lines_of_range(BytesFile(data), "file:/d/cdc-7.json", len(data), start,
+                                 min(start + split, len(data)), True, schema)
+        if batch is not None:
+            out += zip(batch.column(2).to_pylist(), batch.column(3).to_pylist(), batch.column(4).to_pylist())
+    return out
+
+
+def expected(data: bytes) -> list[tuple[int, str]]:
+    text = data.decode()
+    text = text[1:] if text.startswith("\ufeff") else text
+    lines = text.replace("\r\n", "\n").split("\n")
+    if text.endswith("\n"):
+        lines.pop()
+    if lines and lines[-1].endswith("\r"):
+        lines[-1] = lines[-1][:-1]
+    while lines and not lines[-1].strip(" \t\r\n"):
+        lines.pop()
+    return list(enumerate(lines, 1))
+
+
+@settings(max_examples=300, deadline=None)
+@given(parts=st.lists(st.tuples(st.sampled_from(["{}", "a", "", "  ", "\r", "x\ry", "é€"]),
+                                st.sampled_from(["\n", "\r\n"])), max_size=10),
+       bom=st.booleans(), cut_last=st.booleans(), split=st.integers(1, 12))
+def test_every_split_gives_each_line_once_with_its_number(parts, bom, cut_last, split):
+    text = "".join(p + s for p, s in parts)
+    if cut_last and text:
+        text = text[:-1]
+    data = (("\ufeff" if bom else "") + text).encode()
+    got = read_all(data, split)
+    assert [(n, raw) for n, raw, _ in got] == expected(data)
+    first = expected(data)[0][1] if expected(data) else None
+    assert all(h == first for _, _, h in got)
+
+
+def test_file_number():
+    assert L.file_number("file:/a/inventory.customers+0+0000000042.json") == 42
+    assert L.file_number("file:/a/binlog-3.json") == 3
+    assert L.file_number("file:/a/x.json.gz") == 0
+    assert L.file_number("file:/a/x-1234567890123456789.json") == 1 << 62
+
+
+def test_spark_reads_split_files_with_exact_line_numbers(spark, tmp_path):
+    lines = [f'{{"n":{i},"pad":"{"x" * (i % 17)}"}}' for i in range(1, 501)]
+    for name in ("a-1.json", "b-2.json"):
+        with open(tmp_path / name, "w") as fh:
+            fh.write("\n".join(lines) + "\n\n  \n")
+    old = spark.conf.get("spark.sql.files.maxPartitionBytes")
+    spark.conf.set("spark.sql.files.maxPartitionBytes", "1000")   # ~15 ranges per file
+    try:
+        df = L.read_lines(spark, str(tmp_path))
+        rows = df.selectExpr("file", "file_no", "line", "raw").collect()
+    finally:
+        spark.conf.set("spark.sql.files.maxPartitionBytes", old)
+    got = sorted((os.path.basename(r["file"]), r["file_no"], r["line"], r["raw"]) for r in rows)
+    assert got == sorted((name, no, i, raw) for name, no in (("a-1.json", 1), ("b-2.json", 2))
+                         for i, raw in enumerate(lines, 1))
