@@ -259,3 +259,24 @@ def test_progress_display_shows_operators_state_and_watermark():
     assert "RegularJoin" in text and "5,000" in text and "4,100" in text
     assert "batches 3" in text and "changes out 1,200" in text and "state rows 42" in text
     assert "watermark 1970-01-01T00:00:01.337+00:00" in text
+
+
+def test_join_condition_uses_three_valued_logic():
+    """The non-equi part of ON over candidate pairs: NULL compares as unknown,
+    unknown OR true is true, unknown AND false is false, only true keeps a pair."""
+    import pandas as pd
+
+    from spark_changelog.sql.predicate import JoinCondition, UnsupportedCondition
+    left = pd.DataFrame({"v": [5, None, 5, 1, 7]})
+    right = pd.DataFrame({"w": [3, 3, None, 9, 7]})
+    cols = {"v": ("left", "v"), "w": ("right", "w")}
+
+    def run(sql):
+        return JoinCondition(sqlglot.parse_one(sql, read=Flink), cols)(left, right).tolist()
+    assert run("v > w") == [True, False, False, False, False]
+    assert run("v > w OR v = 7") == [True, False, False, False, True]
+    assert run("NOT (v > w)") == [False, False, False, True, True]
+    assert run("w IS NULL OR v + 1 BETWEEN w AND 10") == [True, False, True, False, True]
+    assert run("v IN (1, 7)") == [False, False, False, True, True]
+    with pytest.raises(UnsupportedCondition):
+        JoinCondition(sqlglot.parse_one("UPPER(v) = w", read=Flink), cols)
