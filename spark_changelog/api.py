@@ -398,8 +398,9 @@ class ChangelogStream:
                   key_groups: Optional[int] = None) -> Sink:
         """The planned sink (``plan.rules.plan_sink``): per-key order restored
         where the input does not guarantee it, then the materializer decision
-        for an upsert sink keyed by ``key`` (default: the stream's primary key)."""
-        key = tuple(as_key(key) or self.traits.primary_key)
+        for an upsert sink keyed by ``key`` (default: the stream's primary key;
+        ``()``: a sink without primary key, e.g. a print sink)."""
+        key = tuple(self.traits.primary_key if key is None else as_key(key))
         return plan_sink(self.node, key, table=str(table), strategy=materialize, conflict=conflict,
                          require_on_conflict=require_on_conflict,
                          materializer_ttl_ms=materializer_ttl_ms, key_groups=key_groups)
@@ -593,18 +594,20 @@ def _join_columns(on, left_on, right_on) -> tuple[tuple, tuple]:
 
 
 def read_changes(spark, path, format: str = "debezium-json", schema=None, primary_key=None,
-                 streaming: bool = False, ordered: bool = False, **kw) -> ChangelogStream:
+                 streaming: bool = False, ordered: bool = False, *, name: Optional[str] = None,
+                 **kw) -> ChangelogStream:
     """Read CDC files (``debezium-json``, ``canal-json``, ``maxwell-json``, ``changelog``).
 
     ``ordered=True`` declares that a streaming read brings each key's changes in
     source-sequence order (files arrive in log order), so the planner puts no
     ChangelogNormalize in front of joins, materializers and sinks; explain says
-    what that risks (docs/semantics.md, section 10)."""
+    what that risks (docs/semantics.md, section 10).  ``name``: how ``explain``
+    calls the source (default: the format)."""
     from .connectors.cdc_json import read_changes as _read
     res = _read(spark, path, format=format, schema=schema, primary_key=primary_key,
                 streaming=streaming, **kw)
     s = res.stream_schema
-    node = Source(format, tuple(s.columns), tuple(s.primary_key), s.mode,
+    node = Source(name or format, tuple(s.columns), tuple(s.primary_key), s.mode,
                   tuple(s.upsert_key) if s.upsert_key else (), streaming=bool(streaming),
                   declared_ordered=bool(ordered), reader=res)
     return ChangelogStream(spark, node)

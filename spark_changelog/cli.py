@@ -1,4 +1,8 @@
-"""Command line: ``spark-changelog normalize|cat|demo``."""
+"""Command line: ``spark-changelog run|explain|normalize|cat|demo``.
+
+Exit codes: 0 done; 1 the job failed on its input or a sink (message names
+row, file or key); 2 usage or SQL error (message names line and column);
+3 a SQL feature that is not supported (yet)."""
 from __future__ import annotations
 
 import argparse
@@ -29,6 +33,57 @@ def cmd_normalize(args) -> int:
     report = out.write_upsert(args.output, checkpoint=args.checkpoint, changelog_path=args.changelog,
                               dead_letter=dead, strict=args.strict)
     print(report.summary())
+    return 0
+
+
+def _script(args):
+    from .sql.script import read_script
+    try:
+        return read_script(args.script)
+    except OSError as e:
+        raise FileNotFoundError(f"cannot read {args.script}: {e.strerror}") from None
+
+
+def cmd_run(args) -> int:
+    from .sql.runner import run_script
+    if args.batch and args.checkpoint:
+        print("error: --batch and --checkpoint exclude each other (a batch job has no "
+              "checkpoint)", file=sys.stderr)
+        return 2
+    script = _script(args)
+    batch = args.batch
+    if not batch and not args.checkpoint:
+        mode = _runtime_mode(script)
+        if mode == "batch":
+            batch = True
+        else:
+            print("error: give --batch (one batch job) or --checkpoint DIR (a resumable "
+                  "streaming query)", file=sys.stderr)
+            return 2
+    spark = _session(args)
+    runs = run_script(spark, script, batch=batch, checkpoint=args.checkpoint,
+                      dead_letter=args.dead_letter, strict=args.strict,
+                      show_progress=not args.no_progress)
+    for r in runs:
+        print(f"== INSERT INTO {r.planned.table.name} ==", file=sys.stderr)
+        print(r.report.summary(), file=sys.stderr)
+        for w in r.report.warnings:
+            print(f"warning: {w}", file=sys.stderr)
+    return 0
+
+
+def _runtime_mode(script):
+    from .sql.script import SetOption
+    modes = [s.value.lower() for s in script.statements
+             if isinstance(s, SetOption) and s.key == "execution.runtime-mode"]
+    return modes[-1] if modes else None
+
+
+def cmd_explain(args) -> int:
+    from .sql.runner import explain_script
+    script = _script(args)
+    spark = _session(args)
+    print(explain_script(spark, script, args.format))
     return 0
 
 
@@ -84,6 +139,24 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--max-files-per-trigger", type=int, default=None)
     n.set_defaults(func=cmd_normalize)
 
+    r = sub.add_parser("run", help="run a Flink SQL script: its INSERT INTO statements, as batch "
+                                   "jobs or resumable streaming queries")
+    r.add_argument("script", help="the .sql file")
+    mode = r.add_mutually_exclusive_group()
+    mode.add_argument("--batch", action="store_true", help="one batch job per INSERT")
+    mode.add_argument("--checkpoint", metavar="DIR", help="streaming (trigger available-now), "
+                                                           "resumable from DIR")
+    r.add_argument("--dead-letter", metavar="DIR", help="where invalid input rows go (with reasons)")
+    r.add_argument("--strict", action="store_true", help="fail on the first invalid row")
+    r.add_argument("--no-progress", action="store_true", help="no live progress display")
+    r.set_defaults(func=cmd_run)
+
+    e = sub.add_parser("explain", help="the plan of every INSERT INTO / EXPLAIN of a Flink SQL "
+                                       "script: changelog modes, keys, materializers and why")
+    e.add_argument("script", help="the .sql file")
+    e.add_argument("--format", default="text", choices=["text", "dot", "mermaid"])
+    e.set_defaults(func=cmd_explain)
+
     c = sub.add_parser("cat", help="print the current rows of an upsert table")
     c.add_argument("table")
     c.add_argument("--format", default="csv", choices=["csv", "json"])
@@ -117,6 +190,11 @@ def main(argv=None) -> int:
         return 0
     except Exception as e:  # a clear message, not a JVM stack trace
         from .connectors.cdc_json import InvalidChangeError
+        from .sql.errors import SqlError, UnsupportedFeature
+        if isinstance(e, SqlError):
+            kind = "not supported" if isinstance(e, UnsupportedFeature) else "error"
+            print(f"{kind}: {e}", file=sys.stderr)
+            return 3 if isinstance(e, UnsupportedFeature) else 2
         if isinstance(e, (InvalidChangeError, ValueError, FileNotFoundError)):
             print(f"error: {e}", file=sys.stderr)
             return 1

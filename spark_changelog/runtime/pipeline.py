@@ -216,7 +216,7 @@ def run_to_sink(df, table, *, key, schema: pa.Schema, checkpoint: Optional[str] 
     from ..sinks.delta import DeltaUpsertSink
 
     key = as_key(key)
-    if not key:
+    if not key and getattr(table, "requires_key", True):
         raise ValueError("an upsert table needs a primary key: pass key=[...]")
     schema = pa.schema([f for f in schema if f.name not in (KIND_COL, SEQ_COL, METRICS_COL)])
     streaming = bool(df.isStreaming)

@@ -1,0 +1,179 @@
+"""Run or explain a Flink SQL script (``spark-changelog run|explain``, docs/sql.md).
+
+``run``: every ``INSERT INTO`` of the script (and of its statement sets) is
+planned first, so a script with an error anywhere fails before anything is
+written; then the inserts run one after the other in one Spark application,
+as batch jobs or as Structured Streaming queries (trigger available-now, each
+with its own checkpoint directory under ``--checkpoint``, so a second run
+resumes).  ``EXPLAIN`` statements print their plan.  ``explain``: the plan of
+every ``INSERT`` and ``EXPLAIN`` of the script, as text (the Python API's
+explain), Graphviz dot or Mermaid.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import sys
+import time
+from typing import Optional, TextIO
+
+from .script import ExplainDef, Script
+from .translate import PlannedInsert, Translator
+
+FORMATS = ("text", "dot", "mermaid")
+
+
+@dataclasses.dataclass
+class InsertRun:
+    planned: PlannedInsert
+    report: object          # runtime.pipeline.RunReport
+
+
+def _header(p: PlannedInsert) -> str:
+    pos = p.insert.position
+    return f"== INSERT INTO {p.table.name} (line {pos.line}) =="
+
+
+def _render(planned: PlannedInsert, fmt: str) -> str:
+    if fmt == "text":
+        return planned.explain()
+    from ..plan.graph import explain_dot, explain_mermaid
+    node = planned.plan()
+    return explain_dot(node) if fmt == "dot" else explain_mermaid(node)
+
+
+def _render_query(stream, fmt: str) -> str:
+    if fmt == "text":
+        return stream.explain()
+    from ..plan.graph import explain_dot, explain_mermaid
+    return explain_dot(stream.node) if fmt == "dot" else explain_mermaid(stream.node)
+
+
+def explain_script(spark, script: Script, fmt: str = "text") -> str:
+    """The plans of the script's INSERTs and EXPLAINs (nothing runs)."""
+    if fmt not in FORMATS:
+        raise ValueError(f"format must be one of {FORMATS}, got {fmt!r}")
+    out = []
+    for stmt, planned in Translator(spark, script, streaming=False).statements():
+        if planned is None:
+            continue
+        if isinstance(stmt, ExplainDef):
+            head = f"== EXPLAIN (line {stmt.position.line}) =="
+            if isinstance(planned, list):
+                out.extend(f"{head}\n{_render(p, fmt)}" for p in planned)
+            else:   # a bare SELECT: its plan without a sink
+                out.append(f"{head}\n{_render_query(planned, fmt)}")
+            continue
+        for p in planned:
+            out.append(f"{_header(p)}\n{_render(p, fmt)}")
+    if not out:
+        raise ValueError(f"{script.path or 'the script'} has no INSERT INTO or EXPLAIN statement")
+    return "\n\n".join(out)
+
+
+def run_script(spark, script: Script, *, batch: bool, checkpoint: Optional[str] = None,
+               dead_letter: Optional[str] = None, strict: bool = False,
+               key_groups: Optional[int] = None, show_progress: bool = True,
+               out: Optional[TextIO] = None) -> list[InsertRun]:
+    """Plan the whole script, then run its INSERTs (see the module docstring).
+    ``out``: where EXPLAIN output and print sinks write (default: stdout)."""
+    sink_out, out = out, out or sys.stdout
+    if not batch and not checkpoint:
+        raise ValueError("a streaming run needs --checkpoint DIR (or run it with --batch)")
+    translator = Translator(spark, script, streaming=not batch, strict=strict,
+                            key_groups=key_groups)
+    inserts: list[PlannedInsert] = []
+    explains: list[str] = []
+    for stmt, planned in translator.statements():
+        if planned is None:
+            continue
+        if isinstance(stmt, ExplainDef):
+            text = planned.explain() if not isinstance(planned, list) else \
+                "\n".join(p.explain() for p in planned)
+            explains.append(f"== EXPLAIN (line {stmt.position.line}) ==\n{text}")
+        else:
+            inserts.extend(planned)
+    for text in explains:
+        out.write(text + "\n\n")
+    if translator.settings.ignored:
+        print(f"note: SET option(s) without effect here: {', '.join(translator.settings.ignored)}",
+              file=sys.stderr)
+    runs = []
+    for i, p in enumerate(inserts):
+        sub = f"{i:02d}-{_safe(p.table.name)}" if len(inserts) > 1 else ""
+        ck = os.path.join(checkpoint, sub or "query") if checkpoint else None
+        dl = os.path.join(dead_letter, sub) if dead_letter and sub else dead_letter
+        with _Progress(p, enabled=show_progress) as progress:
+            report = p.run(checkpoint=ck, dead_letter=dl, strict=strict, progress=progress.update,
+                           out=sink_out)
+        runs.append(InsertRun(p, report))
+    return runs
+
+
+def _iso(ms: int) -> str:
+    import datetime
+    try:
+        return datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc).isoformat(
+            timespec="milliseconds")
+    except (OverflowError, ValueError, OSError):
+        return "end of input" if ms > 0 else str(ms)
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+
+
+class _Progress:
+    """A live display on the terminal (stderr) while an INSERT runs: batches,
+    rows in and out, per-operator rows, state rows and the watermark.  Off
+    when stderr is not a terminal (the summary is printed either way)."""
+
+    def __init__(self, planned: PlannedInsert, enabled: bool = True):
+        self.planned = planned
+        self.enabled = enabled and sys.stderr.isatty()
+        self.report = None
+        self.t0 = time.perf_counter()
+        self._live = None
+
+    def __enter__(self):
+        if self.enabled:
+            from rich.console import Console
+            from rich.live import Live
+            self._live = Live(self._render(), console=Console(stderr=True),
+                              refresh_per_second=4, transient=False, redirect_stderr=False,
+                              get_renderable=self._render)
+            self._live.__enter__()
+        return self
+
+    def update(self, report) -> None:
+        self.report = report
+
+    def _render(self):
+        from rich.console import Group
+        from rich.table import Table
+        from rich.text import Text
+        t = Table(title=f"INSERT INTO {self.planned.table.name}", title_justify="left",
+                  show_header=True, header_style="bold")
+        t.add_column("operator")
+        t.add_column("rows in", justify="right")
+        t.add_column("rows out", justify="right")
+        r = self.report
+        for name, counters in (r.operators if r is not None else {}).items():
+            t.add_row(name, f"{counters.get('rows_in', 0):,}", f"{counters.get('rows_out', 0):,}")
+        elapsed = time.perf_counter() - self.t0
+        if r is None:
+            status = f"{elapsed:.1f} s   planning / first batch ..."
+        else:
+            wm = "" if r.watermark_ms is None else f"   watermark {_iso(r.watermark_ms)}"
+            status = (f"{elapsed:.1f} s   batches {r.batches}   changes out {r.changes_out:,}   "
+                      f"state rows {r.state_rows:,}{wm}")
+        return Group(t, Text(status))
+
+    def __exit__(self, *exc):
+        if self._live is not None:
+            self._live.__exit__(*exc)
+        return False
+
+
+__all__ = ["run_script", "explain_script", "InsertRun", "FORMATS"]

@@ -1,0 +1,38 @@
+"""Changelog inputs of SQL tests as Parquet files with a kind column ``op`` and
+a sequence column ``seq`` (read by ``'format' = 'parquet'`` with
+``'changelog.kind-column' = 'op'``, ``'changelog.seq-column' = 'seq'``)."""
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+ARROW = {"BIGINT": pa.int64(), "STRING": pa.string(), "INT": pa.int32(), "DOUBLE": pa.float64()}
+
+
+def write_changelog(directory, columns: Sequence[str], types: Sequence[str], files) -> None:
+    """``files``: per file, rows ``(kind, [values], seq)``."""
+    os.makedirs(directory, exist_ok=True)
+    schema = pa.schema([(c, ARROW[t]) for c, t in zip(columns, types)]
+                       + [("op", pa.string()), ("seq", pa.int64())])
+    for i, rows in enumerate(files):
+        data = {c: [r[1][j] for r in rows] for j, c in enumerate(columns)}
+        data["op"] = [r[0] for r in rows]
+        data["seq"] = [r[2] for r in rows]
+        pq.write_table(pa.table(data, schema=schema),
+                       os.path.join(directory, f"part-{i:04d}.parquet"))
+
+
+def source_options(path) -> str:
+    return (f"'connector' = 'filesystem', 'path' = '{path}', 'format' = 'parquet', "
+            "'changelog.kind-column' = 'op', 'changelog.seq-column' = 'seq'")
+
+
+def create_table(name: str, spec: dict, path) -> str:
+    """``CREATE TABLE`` of a Flink fixture input (columns, types, primary key)."""
+    cols = [f"{c} {t}" for c, t in zip(spec["columns"], spec["types"])]
+    if spec.get("primary_key"):
+        cols.append(f"PRIMARY KEY ({', '.join(spec['primary_key'])}) NOT ENFORCED")
+    return f"CREATE TEMPORARY TABLE {name} ({', '.join(cols)}) WITH ({source_options(path)})"

@@ -1,0 +1,91 @@
+"""``spark-changelog run|explain`` on SQL scripts: exit codes and messages a
+person can act on (in-process; the CLI's session is the test session)."""
+from __future__ import annotations
+
+import pathlib
+
+
+from sql_inputs import source_options, write_changelog
+from spark_changelog.cli import main
+
+SQL_DIR = pathlib.Path(__file__).parent.parent / "fixtures" / "sql"
+
+
+def write(tmp_path, text: str) -> str:
+    p = tmp_path / "script.sql"
+    p.write_text(text)
+    return str(p)
+
+
+def test_sql_error_exits_2_with_file_line_column_and_caret(tmp_path, capsys):
+    path = write(tmp_path, "CREATE TABLE a (id INT) WITH ('connector' = 'print');\n"
+                           "INSERT INTO a SELECT id FROM b ON CONFLICT DO UPDATE;\n")
+    assert main(["explain", path]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == (f"error: {path}:2:47: Expected DEDUPLICATE, ERROR or NOTHING after "
+                      "ON CONFLICT DO")
+    assert err[1].strip() == "2 | INSERT INTO a SELECT id FROM b ON CONFLICT DO UPDATE;"
+    assert err[2].endswith("^^^^^^")
+
+
+def test_run_needs_a_mode_and_a_readable_script(tmp_path, capsys):
+    path = write(tmp_path, "CREATE TABLE a (id INT) WITH ('connector' = 'print');")
+    assert main(["run", path]) == 2
+    assert "give --batch (one batch job) or --checkpoint DIR" in capsys.readouterr().err
+    assert main(["run", str(tmp_path / "missing.sql"), "--batch"]) == 1
+    assert "cannot read" in capsys.readouterr().err
+
+
+def test_unsupported_feature_exits_3(spark, tmp_path, capsys):
+    text = (SQL_DIR / "seed_000_students.sql").read_text().replace("{base}", str(tmp_path))
+    assert main(["explain", write(tmp_path, text)]) == 3
+    err = capsys.readouterr().err
+    assert err.startswith("not supported: ")
+    assert ":19:7: GROUP BY aggregation is not supported yet" in err
+
+
+def test_run_batch_into_a_print_table_and_explain(spark, tmp_path, capsys):
+    write_changelog(tmp_path / "src", ["id", "v"], ["BIGINT", "STRING"],
+                    [[("+I", [1, "a"], 1), ("+I", [2, "b"], 2), ("-U", [1, "a"], 3),
+                      ("+U", [1, "A"], 4), ("-D", [2, "b"], 5)]])
+    path = write(tmp_path, f"""
+CREATE TABLE src (id BIGINT, v STRING, PRIMARY KEY (id) NOT ENFORCED)
+  WITH ({source_options(tmp_path / 'src')});
+CREATE TABLE out (id BIGINT, v STRING, PRIMARY KEY (id) NOT ENFORCED)
+  WITH ('connector' = 'print', 'print-identifier' = 'out');
+EXPLAIN CHANGELOG_MODE INSERT INTO out SELECT id, UPPER(v) AS v FROM src WHERE id > 1;
+INSERT INTO out SELECT id, UPPER(v) AS v FROM src WHERE v = 'a';
+""")
+    assert main(["run", path, "--batch", "--no-progress"]) == 0
+    cap = capsys.readouterr()
+    out = cap.out.splitlines()
+    assert out[0] == "== EXPLAIN (line 6) =="
+    assert any("(where=[`id` > 1])" in line for line in out)
+    # id 1 is updated from 'a' to 'A': the update leaves the filter, so only its
+    # retraction passes; id 2 never passes
+    assert [line for line in out if line.startswith("out> ")] == [
+        "out> +I[1, A]", "out> -U[1, A]"]
+    assert "== INSERT INTO out ==" in cap.err and "rows in:" in cap.err
+    assert main(["explain", path, "--format", "mermaid"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("== EXPLAIN (line 6) ==")
+    assert "== INSERT INTO out (line 7) ==\nflowchart BT" in text
+
+
+def test_spark_analysis_errors_point_at_the_function(spark, tmp_path, capsys):
+    write_changelog(tmp_path / "src", ["id", "v"], ["BIGINT", "STRING"],
+                    [[("+I", [1, "a"], 1)]])
+    head = (f"CREATE TABLE src (id BIGINT, v STRING) WITH ({source_options(tmp_path / 'src')});\n"
+            "CREATE TABLE out (id BIGINT, v STRING) WITH ('connector' = 'blackhole');\n")
+    path = write(tmp_path, head + "INSERT INTO out SELECT id, FOO(v) FROM src;\n")
+    assert main(["explain", path]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {path}:3:28: Spark cannot evaluate this projection: "
+                          "[UNRESOLVED_ROUTINE] Cannot resolve routine `FOO`")
+    assert "SQLQueryContextLogger" not in err            # no PySpark log record on the terminal
+    path = write(tmp_path, head + "INSERT INTO out SELECT id, v FROM src\n"
+                                  "WHERE DATE_ADD(id, 1) > 0;\n")
+    assert main(["explain", path]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {path}:4:7: Spark cannot evaluate this condition: "
+                          "[DATATYPE_MISMATCH")

@@ -1,0 +1,282 @@
+"""The Flink SQL front end without Spark: the dialect, the script model, and
+errors with line and column (docs/sql.md).
+
+Malformed scripts are data: ``(script, line, column, words of the message)``.
+"""
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+import sqlglot
+from sqlglot import exp
+
+from spark_changelog.sql.dialect import Flink, StatementSetBegin
+from spark_changelog.sql.errors import SqlError, UnsupportedFeature
+from spark_changelog.sql.script import (ExplainDef, InsertDef, SetOption, StatementSet,
+                                        ViewDef, parse_script)
+from spark_changelog.sql.translate import Translator
+
+SQL_DIR = pathlib.Path(__file__).parent.parent / "fixtures" / "sql"
+
+
+def seed(name: str) -> str:
+    return (SQL_DIR / name).read_text().replace("{base}", "/data")
+
+
+# --------------------------------------------------------------------------- seeds
+
+def test_seed_000_join_script_model():
+    s = parse_script(seed("seed_000_join.sql"), "seed_000_join.sql")
+    kinds = [type(x).__name__ for x in s.statements]
+    assert kinds == ["TableDef", "TableDef", "TableDef", "InsertDef"]
+    s1, s2, t1 = (s.tables[n] for n in ("s1", "s2", "t1"))
+    assert s1.temporary and s1.primary_key == ("id",)
+    assert [(c.name, c.flink_type, c.spark_type) for c in s2.columns] == [
+        ("id", "BIGINT", "BIGINT"), ("attr", "STRING", "STRING")]
+    assert s1.connector.kind == "filesystem" and s1.connector.reader_format == "changelog"
+    assert s1.connector.changelog_file_format == "parquet"
+    assert s1.connector.option("changelog.kind-column") == "op"
+    assert t1.connector.kind == "delta" and t1.connector.path == "/data/t1"
+    ins = s.statements[-1]
+    assert ins.table == "t1" and ins.conflict is None
+    assert ins.position.line == 28 and ins.position.col == 1
+    assert ins.query.sql(dialect=Flink) == "SELECT s1.*, s2.attr FROM s1 JOIN s2 ON s1.level = s2.id"
+
+
+def test_seed_000_students_parses_and_names_group_by_as_not_there_yet():
+    s = parse_script(seed("seed_000_students.sql"), "students.sql")
+    assert [type(x).__name__ for x in s.statements] == ["TableDef", "TableDef", "ViewDef",
+                                                        "InsertDef"]
+    students, report = s.tables["students"], s.tables["performance_report"]
+    assert [c.nullable for c in students.columns] == [False] * 4
+    assert report.primary_key == ("student_info",)
+    assert students.connector.reader_format == "debezium-json"
+    assert isinstance(s.views["v"], ViewDef) and s.views["v"].temporary
+    with pytest.raises(UnsupportedFeature) as e:
+        list(Translator(None, s).statements())
+    assert (e.value.line, e.value.col) == (19, 7)
+    assert "GROUP BY aggregation is not supported yet" in e.value.message
+    assert "      GROUP BY student_id, student_name;" in str(e.value)
+
+
+def test_seed_004_dedup_parses_and_names_row_number_as_not_there_yet():
+    s = parse_script(seed("seed_004_dedup.sql"), "dedup.sql")
+    t = s.tables["table_name"]
+    assert [c.name for c in t.columns] == ["id", "name", "ts", "pt"]
+    assert t.columns[3].proctime and t.columns[3].computed
+    assert t.watermark.column == "ts" and t.watermark.delay_ms == 1000
+    # Flink's ts - INTERVAL '1' SECOND is W = max - 1000 ms; ours adds -1 ms
+    assert t.watermark.bound_ms == 999
+    assert t.connector.reader_format == "maxwell-json"
+    with pytest.raises(UnsupportedFeature) as e:
+        list(Translator(None, s).statements())
+    assert (e.value.line, e.value.col) == (23, 10)
+    assert "ROW_NUMBER() OVER (...) (deduplication and Top-N) is not supported yet" in str(e.value)
+
+
+# --------------------------------------------------------------------------- dialect
+
+@pytest.mark.parametrize("sql, kind", [
+    ("CREATE TABLE t (id BIGINT, ts TIMESTAMP(3), c AS id + 1, pt AS PROCTIME(), "
+     "WATERMARK FOR ts AS ts - INTERVAL '5' SECOND, PRIMARY KEY (id) NOT ENFORCED) "
+     "WITH ('connector' = 'print')", exp.Create),
+    ("SET 'table.exec.state.ttl' = '1 h'", exp.Set),
+    ("INSERT INTO t SELECT * FROM s ON CONFLICT DO DEDUPLICATE", exp.Insert),
+    ("INSERT INTO t SELECT * FROM s ON CONFLICT DO ERROR", exp.Insert),
+    ("INSERT INTO t SELECT * FROM s ON CONFLICT DO NOTHING", exp.Insert),
+    ("EXECUTE STATEMENT SET BEGIN INSERT INTO t SELECT * FROM s", StatementSetBegin),
+    ("BEGIN STATEMENT SET", StatementSetBegin),
+    ("END", exp.EndStatement),
+    ("SELECT * FROM TABLE(TUMBLE(TABLE t, DESCRIPTOR(ts), INTERVAL '1' MINUTE))", exp.Select),
+    ("SELECT * FROM TABLE(HOP(DATA => TABLE t, TIMECOL => DESCRIPTOR(ts), "
+     "SLIDE => INTERVAL '1' MINUTE, SIZE => INTERVAL '5' MINUTE))", exp.Select),
+    ("SELECT * FROM TABLE(CUMULATE(TABLE t, DESCRIPTOR(ts), INTERVAL '1' MINUTE, "
+     "INTERVAL '1' HOUR))", exp.Select),
+    ("SELECT * FROM TABLE(SESSION(TABLE t PARTITION BY k, DESCRIPTOR(ts), INTERVAL '5' MINUTE))",
+     exp.Select),
+    ("SELECT a, ROW_NUMBER() OVER (PARTITION BY k ORDER BY pt DESC) AS rn FROM t", exp.Select),
+    ("SELECT 'it''s', a || b FROM t", exp.Select),
+])
+def test_dialect_parses_flink_statements(sql, kind):
+    node = sqlglot.parse_one(sql, read=Flink)
+    assert isinstance(node, kind)
+
+
+def test_doubled_quote_is_an_escape_not_a_backslash():
+    node = sqlglot.parse_one(r"SELECT 'it''s', 'a\b' FROM t", read=Flink)
+    assert [e.this for e in node.expressions] == ["it's", "a\\b"]
+
+
+def test_script_model_of_all_statement_kinds():
+    s = parse_script("""
+CREATE TABLE src (id BIGINT, v STRING, t BIGINT,
+  ts AS TO_TIMESTAMP_LTZ(t, 3),
+  WATERMARK FOR ts AS ts - INTERVAL '5' SECOND,
+  PRIMARY KEY (id) NOT ENFORCED
+) WITH ('connector' = 'filesystem', 'path' = 'in/', 'format' = 'csv',
+        'changelog.kind-column' = 'kind', 'csv.field-delimiter' = ';');
+CREATE TABLE pg (id BIGINT PRIMARY KEY NOT ENFORCED, v STRING)
+  WITH ('connector' = 'jdbc', 'url' = 'jdbc:postgresql://db:5432/app', 'table-name' = 'public.pg',
+        'username' = 'u', 'password' = 'p');
+SET 'table.exec.sink.upsert-materialize' = 'FORCE';
+SET 'table.exec.state.ttl' = '1 h';
+EXPLAIN CHANGELOG_MODE INSERT INTO pg SELECT id, v FROM src ON CONFLICT DO ERROR;
+BEGIN STATEMENT SET;
+INSERT INTO pg SELECT id, v FROM src;
+INSERT INTO pg (id, v) SELECT id, UPPER(v) FROM src WHERE id > 10;
+END;
+""")
+    src, pg = s.tables["src"], s.tables["pg"]
+    ts = src.columns[3]
+    assert ts.computed and ts.expression.sql(dialect=Flink) == "TO_TIMESTAMP_LTZ(t, 3)"
+    assert src.schema_ddl() == "`id` BIGINT, `v` STRING, `t` BIGINT"
+    assert src.watermark.delay_ms == 5000 and src.watermark.bound_ms == 4999
+    assert src.connector.changelog_file_format == "csv"
+    assert pg.connector.kind == "postgres" and pg.primary_key == ("id",)
+    sets = [x for x in s.statements if isinstance(x, SetOption)]
+    assert [(x.key, x.value) for x in sets] == [("table.exec.sink.upsert-materialize", "FORCE"),
+                                                ("table.exec.state.ttl", "1 h")]
+    explain = next(x for x in s.statements if isinstance(x, ExplainDef))
+    assert explain.changelog_mode and isinstance(explain.statement, InsertDef)
+    assert explain.statement.conflict == "error"
+    sset = s.statements[-1]
+    assert isinstance(sset, StatementSet) and len(sset.inserts) == 2
+    assert sset.inserts[1].columns == ("id", "v") and sset.position.line == 14
+
+
+def test_execute_statement_set_form():
+    s = parse_script("CREATE TABLE p (a INT) WITH ('connector' = 'blackhole');\n"
+                     "EXECUTE STATEMENT SET BEGIN\nINSERT INTO p SELECT a FROM q;\n"
+                     "INSERT INTO p SELECT a FROM r;\nEND;")
+    sset = s.statements[1]
+    assert isinstance(sset, StatementSet)
+    assert [i.query.sql(dialect=Flink) for i in sset.inserts] == ["SELECT a FROM q",
+                                                                  "SELECT a FROM r"]
+
+
+def test_window_tvf_and_unknown_table_errors_at_translation():
+    base = ("CREATE TABLE t (id BIGINT, ts TIMESTAMP(3)) WITH ('connector' = 'filesystem', "
+            "'path' = 'x', 'format' = 'json', 'changelog.kind-column' = 'op');\n"
+            "CREATE TABLE o (a BIGINT) WITH ('connector' = 'print');\n")
+    tvf = parse_script(base + "INSERT INTO o SELECT id FROM\n"
+                       "  TABLE(TUMBLE(TABLE t, DESCRIPTOR(ts), INTERVAL '1' MINUTE));")
+    with pytest.raises(UnsupportedFeature) as e:
+        list(Translator(None, tvf).statements())
+    assert (e.value.line, "window table function TUMBLE is not supported yet") == \
+        (4, e.value.message)
+    unknown = parse_script(base + "INSERT INTO nowhere SELECT id FROM t;")
+    with pytest.raises(SqlError) as e:
+        list(Translator(None, unknown).statements())
+    assert (e.value.line, e.value.col) == (3, 13)
+    assert "unknown table 'nowhere' (defined: t, o)" in e.value.message
+
+
+# --------------------------------------------------------------------------- malformed scripts
+
+TABLE = "CREATE TABLE a (id INT) WITH ('connector' = 'print');\n"
+MALFORMED = [
+    ("SELEC 1", 1, 1, "expected a statement (CREATE TABLE"),
+    ("CREATE TABLE a (id INT) WITH (...)", 1, 30, "WITH (...) is a placeholder"),
+    ("CREATE TABLE a (id INT,\n  x STRING\n WITH ('connector'='print')", 3, 27,
+     "unbalanced parentheses"),
+    ("INSERT INTO t SELECT\n a, 'abc FROM s", 2, 5, "this string is not closed"),
+    ("INSERT INTO t SELECT a FROM `s", 1, 29, "this quoted name is not closed"),
+    (TABLE + "INSERT INTO a SELECT id FROM b ON CONFLICT DO UPDATE", 2, 47,
+     "Expected DEDUPLICATE, ERROR or NOTHING after ON CONFLICT DO"),
+    ("CREATE TABLE a (ts TIMESTAMP(3),\n  WATERMARK ts AS ts) WITH ('connector'='print')", 2, 13,
+     "Expected FOR after WATERMARK"),
+    ("CREATE TABLE a (id INT, PRIMARY KEY (id)) WITH ('connector'='print')", 1, 38,
+     "PRIMARY KEY ... NOT ENFORCED"),
+    ("SET 'table.exec.sink.upsert-materialize' = 'sometimes'", 1, 44,
+     "expected one of auto, none, force, got 'sometimes'"),
+    ("SET 'table.exec.state.ttl' = 'forever'", 1, 30, "is not a duration"),
+    ("CREATE TABLE a (id INT) WITH ('connector' = 'kafka')", 1, 31, "unknown connector 'kafka'"),
+    ("CREATE TABLE a (id INT) WITH ('connector' = 'print',\n  'sink.parallelism' = '2')", 2, 3,
+     "unsupported option(s) 'sink.parallelism' for connector 'print'"),
+    ("CREATE TABLE a (id INT) WITH ('connector' = 'filesystem', 'path' = 'x')", 1, 31,
+     "connector 'filesystem' needs 'format'"),
+    ("CREATE TABLE a (id INT, id STRING) WITH ('connector' = 'print')", 1, 1,
+     "duplicate column(s) ['id']"),
+    ("CREATE TABLE a (v STRING, WATERMARK FOR v AS v - INTERVAL '1' SECOND) "
+     "WITH ('connector' = 'print')", 1, 41, "the event-time column must be a TIMESTAMP(3)"),
+    ("CREATE TABLE a (ts TIMESTAMP(3), WATERMARK FOR ts AS ts - INTERVAL '1' MONTH) "
+     "WITH ('connector' = 'print')", 1, 54, "unsupported watermark expression"),
+    (TABLE + "BEGIN STATEMENT SET;\nINSERT INTO a SELECT 1 FROM b;", 2, 1,
+     "STATEMENT SET is not closed: add END;"),
+    (TABLE + "END;", 2, 1, "END without BEGIN STATEMENT SET"),
+    (TABLE + "EXECUTE STATEMENT SET BEGIN\nINSERT INTO a SELECT 1 FROM b;\nSET 'a' = 'b';\nEND;",
+     4, 1,
+     "a STATEMENT SET holds INSERT INTO statements only"),
+    ("CREATE TABLE a (id INT) WITH ('connector' = 'print');\nINSERT INTO a\n"
+     "SELECT id FROM b WHERE", 3, 18, "unexpected 'WHERE'"),
+    (TABLE + "INSERT OVERWRITE a SELECT id FROM b", 2, 1, "INSERT OVERWRITE is not supported"),
+]
+
+
+@pytest.mark.parametrize("sql, line, col, words", MALFORMED,
+                         ids=[f"{i:02d}" for i in range(len(MALFORMED))])
+def test_malformed_script_error_names_line_and_column(sql, line, col, words):
+    with pytest.raises(SqlError) as e:
+        parse_script(sql, "bad.sql")
+    err = e.value
+    assert (err.line, err.col) == (line, col), str(err)
+    assert words in err.message
+    text = str(err)
+    assert text.startswith(f"bad.sql:{line}:{col}: ")
+    # the offending line and a caret under the column
+    src_line = sql.splitlines()[line - 1]
+    assert f"{line} | {src_line}" in text
+    caret_line = text.splitlines()[-1]
+    assert caret_line.index("^") - caret_line.index("|") - 2 == col - 1
+
+
+def test_unsupported_features_are_a_subclass_with_position():
+    with pytest.raises(UnsupportedFeature) as e:
+        parse_script("CREATE FUNCTION f AS 'com.x.F'")
+    assert e.value.line == 1 and "not supported" in e.value.message
+
+
+def test_progress_display_shows_operators_state_and_watermark():
+    import io
+    import types
+
+    from rich.console import Console
+
+    from spark_changelog.runtime.pipeline import RunReport
+    from spark_changelog.sql.runner import _Progress
+    planned = types.SimpleNamespace(table=types.SimpleNamespace(name="t1"))
+    progress = _Progress(planned, enabled=False)
+    report = RunReport(streaming=True, batches=3, changes_out=1200, state_rows=42,
+                       watermark_ms=1337)
+    report.operators = {"RegularJoin": {"rows_in": 5000, "rows_out": 4100},
+                        "sink_upsert_materializer": {"rows_in": 4100, "rows_out": 1200}}
+    progress.update(report)
+    buf = io.StringIO()
+    Console(file=buf, width=120).print(progress._render())
+    text = buf.getvalue()
+    assert "INSERT INTO t1" in text
+    assert "RegularJoin" in text and "5,000" in text and "4,100" in text
+    assert "batches 3" in text and "changes out 1,200" in text and "state rows 42" in text
+    assert "watermark 1970-01-01T00:00:01.337+00:00" in text
+
+
+def test_join_condition_uses_three_valued_logic():
+    """The non-equi part of ON over candidate pairs: NULL compares as unknown,
+    unknown OR true is true, unknown AND false is false, only true keeps a pair."""
+    import pandas as pd
+
+    from spark_changelog.sql.predicate import JoinCondition, UnsupportedCondition
+    left = pd.DataFrame({"v": [5, None, 5, 1, 7]})
+    right = pd.DataFrame({"w": [3, 3, None, 9, 7]})
+    cols = {"v": ("left", "v"), "w": ("right", "w")}
+
+    def run(sql):
+        return JoinCondition(sqlglot.parse_one(sql, read=Flink), cols)(left, right).tolist()
+    assert run("v > w") == [True, False, False, False, False]
+    assert run("v > w OR v = 7") == [True, False, False, False, True]
+    assert run("NOT (v > w)") == [False, False, False, True, True]
+    assert run("w IS NULL OR v + 1 BETWEEN w AND 10") == [True, False, True, False, True]
+    assert run("v IN (1, 7)") == [False, False, False, True, True]
+    with pytest.raises(UnsupportedCondition):
+        JoinCondition(sqlglot.parse_one("UPPER(v) = w", read=Flink), cols)
