@@ -79,6 +79,9 @@ def test_out_of_order_files_into_a_join_streaming(spark, moved_key, tmp_path):
     rep = q.write_upsert(str(tmp_path / "t1"), key="id", checkpoint=str(tmp_path / "ck"))
     assert rep.batches >= 2
     assert table_rows(tmp_path / "t1", ["id", "level", "name", "attr"]) == WANT_MOVED
+    # the insert of id 4 (lsn 100) came after its move (lsn 200): dropped and counted
+    # (the normalize's counters travel through the join as side rows)
+    assert rep.operators["ChangelogNormalize"]["superseded"] == 1
     # batch: the same table, and no normalize is needed (one batch, sorted by _seq)
     b = seed_join(spark, moved_key, streaming=False)
     assert "ChangelogNormalize" not in b.explain(key="id", table="t1")
