@@ -344,11 +344,57 @@ class Translator:
             cond = self.spark_sql(where.this, rel, pos)
             with self._analysis("condition", [where.this], node_position(where.this, pos)):
                 rel = Relation(rel.stream.where(cond), rel.fields)
+        if q.args.get("group"):
+            return self.aggregate(rel, q, pos)
         return self.project(rel, q.expressions, pos)
 
+    def aggregate(self, rel: Relation, q: exp.Select, pos: Position) -> Relation:
+        """``SELECT keys..., AGG(col) ... GROUP BY keys``: the group aggregation
+        with retraction (docs/semantics.md, section 7), then the select list's
+        order and names.  Select items are group columns or one aggregate call
+        of a column each."""
+        keys = []
+        for g in q.args["group"].expressions:
+            if not isinstance(g, exp.Column):
+                raise self._unsupported("GROUP BY takes columns (compute an expression in a "
+                                        "view first)", g, pos)
+            keys.append(self._resolve(g, rel, pos).column)
+        calls, named = {}, {}
+        for idx, item in enumerate(q.expressions):
+            alias = item.alias if isinstance(item, exp.Alias) else None
+            body = item.this if isinstance(item, exp.Alias) else item
+            if isinstance(body, exp.Column) and not isinstance(body.this, exp.Star):
+                f = self._resolve(body, rel, pos)
+                if f.column not in keys:
+                    raise self.script.error(f"column {f.name!r} is neither grouped nor "
+                                            "aggregated: add it to GROUP BY or aggregate it",
+                                            node_position(body, pos))
+                named[alias or f.name] = f.column
+            elif isinstance(body, exp.AggFunc):
+                name = alias or f"EXPR${idx}"
+                calls[name] = self.spark_sql(body, rel, pos, allow_aggregates=True)
+                named[name] = name
+            else:
+                raise self._unsupported("in a GROUP BY query, a select item is a group column or "
+                                        "one aggregate call (AGG(column)); expressions over them "
+                                        "are not supported yet", body, pos)
+        kw = {"key_groups": self.key_groups} if self.key_groups else {}
+        try:
+            with self._analysis("aggregation", q.expressions, pos):
+                stream = rel.stream.group_by(*keys).agg(
+                    state_ttl_ms=self.settings.state_ttl_ms, **kw, **calls)
+        except ValueError as e:
+            if isinstance(e, SqlError):
+                raise
+            raise self.script.error(str(e), node_position(q.args["group"], pos)) from None
+        out = Relation(stream, tuple(Field(None, c, c) for c in stream.schema.columns))
+        if tuple(stream.schema.columns) == tuple(named) and list(named) == list(named.values()):
+            return out
+        stream = self._select(stream, named, pos, q.expressions)
+        return Relation(stream, tuple(Field(None, n, n) for n in named))
+
     def _check_select(self, q: exp.Select, pos: Position) -> None:
-        checks = (("group", "GROUP BY aggregation is not supported yet", "GROUP"),
-                  ("having", "HAVING (GROUP BY aggregation) is not supported yet", "HAVING"),
+        checks = (                  ("having", "HAVING (GROUP BY aggregation) is not supported yet", "HAVING"),
                   ("order", "ORDER BY is not supported yet (Top-N needs ROW_NUMBER, which is "
                             "not there yet either)", "ORDER"),
                   ("limit", "LIMIT is not supported yet", "LIMIT"),
@@ -359,10 +405,12 @@ class Translator:
             if node:
                 raise self.script.error(message, self._keyword_position(node, keyword, pos),
                                         UnsupportedFeature)
+        grouped = bool(q.args.get("group"))
         for e in q.expressions:
-            self._check_expression(e, pos)
+            self._check_expression(e, pos, allow_aggregates=grouped)
 
-    def _check_expression(self, node: exp.Expr, pos: Position) -> None:
+    def _check_expression(self, node: exp.Expr, pos: Position,
+                          allow_aggregates: bool = False) -> None:
         for n in node.walk():
             if isinstance(n, exp.Window):
                 fn = n.this
@@ -371,7 +419,7 @@ class Translator:
                         "ROW_NUMBER() OVER (...) (deduplication and Top-N) is not supported yet",
                         fn, pos)
                 raise self._unsupported("OVER aggregation is not supported yet", fn, pos)
-            if isinstance(n, exp.AggFunc):
+            if isinstance(n, exp.AggFunc) and not allow_aggregates:
                 raise self._unsupported(f"aggregate function {n.sql_name()} (GROUP BY "
                                         "aggregation) is not supported yet", n, pos)
             if isinstance(n, (exp.Subquery, exp.Exists)) or (isinstance(n, exp.In) and
@@ -612,9 +660,10 @@ class Translator:
                 lg.disabled = b
 
     # -- expressions -------------------------------------------------------------
-    def spark_sql(self, node: exp.Expr, rel: Relation, pos: Position) -> str:
+    def spark_sql(self, node: exp.Expr, rel: Relation, pos: Position,
+                  allow_aggregates: bool = False) -> str:
         """The expression as Spark SQL over the stream's columns."""
-        self._check_expression(node, pos)
+        self._check_expression(node, pos, allow_aggregates)
         resolved = {id(c): self._resolve(c, rel, pos).column for c in node.find_all(exp.Column)}
         for n in node.walk():
             if isinstance(n, (TableArgument, Descriptor)):

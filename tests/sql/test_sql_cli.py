@@ -37,11 +37,11 @@ def test_run_needs_a_mode_and_a_readable_script(tmp_path, capsys):
 
 
 def test_unsupported_feature_exits_3(spark, tmp_path, capsys):
-    text = (SQL_DIR / "seed_000_students.sql").read_text().replace("{base}", str(tmp_path))
+    text = (SQL_DIR / "seed_004_dedup.sql").read_text().replace("{base}", str(tmp_path))
     assert main(["explain", write(tmp_path, text)]) == 3
     err = capsys.readouterr().err
     assert err.startswith("not supported: ")
-    assert ":19:7: GROUP BY aggregation is not supported yet" in err
+    assert ":23:10: ROW_NUMBER() OVER (...) (deduplication and Top-N) is not supported yet" in err
 
 
 def test_run_batch_into_a_print_table_and_explain(spark, tmp_path, capsys):
@@ -89,3 +89,21 @@ def test_spark_analysis_errors_point_at_the_function(spark, tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith(f"error: {path}:4:7: Spark cannot evaluate this condition: "
                           "[DATATYPE_MISMATCH")
+
+
+def test_group_by_aggregation_into_a_print_table(spark, tmp_path, capsys):
+    """GROUP BY over a changelog with retraction (docs/semantics.md, section 7):
+    the delete of id 1 is retracted from group a's count and sum; in one batch
+    the group's changes fold into one result (as Flink's mini-batch does)."""
+    write_changelog(tmp_path / "src", ["id", "k", "v"], ["BIGINT", "STRING", "BIGINT"],
+                    [[("+I", [1, "a", 10], 1), ("+I", [2, "a", 5], 2), ("-D", [1, "a", 10], 3)]])
+    path = write(tmp_path, f"""
+CREATE TABLE src (id BIGINT, k STRING, v BIGINT, PRIMARY KEY (id) NOT ENFORCED)
+  WITH ({source_options(tmp_path / 'src')});
+CREATE TABLE out (n BIGINT, k STRING, total BIGINT, PRIMARY KEY (k) NOT ENFORCED)
+  WITH ('connector' = 'print', 'print-identifier' = 'agg');
+INSERT INTO out SELECT COUNT(*) AS n, k, SUM(v) AS total FROM src GROUP BY k;
+""")
+    assert main(["run", path, "--batch", "--no-progress"]) == 0
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("agg> ")]
+    assert lines == ["agg> +I[1, a, 5]"]

@@ -44,7 +44,7 @@ def test_seed_000_join_script_model():
     assert ins.query.sql(dialect=Flink) == "SELECT s1.*, s2.attr FROM s1 JOIN s2 ON s1.level = s2.id"
 
 
-def test_seed_000_students_parses_and_names_group_by_as_not_there_yet():
+def test_seed_000_students_parses():
     s = parse_script(seed("seed_000_students.sql"), "students.sql")
     assert [type(x).__name__ for x in s.statements] == ["TableDef", "TableDef", "ViewDef",
                                                         "InsertDef"]
@@ -53,11 +53,7 @@ def test_seed_000_students_parses_and_names_group_by_as_not_there_yet():
     assert report.primary_key == ("student_info",)
     assert students.connector.reader_format == "debezium-json"
     assert isinstance(s.views["v"], ViewDef) and s.views["v"].temporary
-    with pytest.raises(UnsupportedFeature) as e:
-        list(Translator(None, s).statements())
-    assert (e.value.line, e.value.col) == (19, 7)
-    assert "GROUP BY aggregation is not supported yet" in e.value.message
-    assert "      GROUP BY student_id, student_name;" in str(e.value)
+    assert s.views["v"].query.args["group"] is not None
 
 
 def test_seed_004_dedup_parses_and_names_row_number_as_not_there_yet():
