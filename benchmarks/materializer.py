@@ -10,7 +10,7 @@ payload)``: ``+I`` of version 0, then updates as ``-U`` of version i-1 and
 the keys (30%) every update arrives as ``+U`` of the new version *before* the
 ``-U`` of the previous one (a later ``_seq``, often a later micro-batch): the
 order per sink key is broken the way a join emitting from two key groups breaks
-it (spec section 2).  The keys' changes are interleaved at random over the
+it (docs/semantics.md, section 2).  The keys' changes are interleaved at random over the
 whole run, written as parquet changelog files (data columns + ``_kind`` +
 ``_seq``) of ``--batch`` rows, one file per micro-batch.
 

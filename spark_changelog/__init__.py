@@ -1,6 +1,6 @@
 """spark-changelog: Flink-SQL-grade changelog processing on Apache Spark.
 
-The contract is ``shared/spec/semantics.md``; docs/ explain the design.
+The semantics it implements are in ``docs/semantics.md``; docs/ explain the design.
 """
 from .api import ChangelogStream, read_canal, read_changes, read_debezium, read_maxwell
 from .model import ChangelogMode, RowKind, StreamSchema

@@ -36,7 +36,7 @@ def as_rows(df, columns=("id", "level", "attr")):
     return out
 
 
-# Seed case 2 (spec section 2) arriving shuffled, then a delete and a late insert.
+# Seed case 2 (docs/semantics.md, section 2) arriving shuffled, then a delete and a late insert.
 BATCH0 = [("+U", 3, 1, 20, "b1"), ("+I", 1, 1, 10, "a1"), ("-U", 3, 1, 10, "a1"), ("+I", 2, 2, 10, "x")]
 BATCH1 = [("-D", 4, 2, 10, "x"), ("+I", 5, 3, None, None)]
 EXPECTED = [  # batch, op, seq, values: emission order = (_seq, key, retract first, arrival)

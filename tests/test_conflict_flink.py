@@ -179,7 +179,7 @@ DELIBERATE_DIFFERENCES = {
         "steps": {3: [["+U", [2, 1, "b", 100]]]},
         "why": "Flink keeps the previous value a although the fold retracted it (its source row "
                "was deleted): the sink would keep a deleted row. DO NOTHING keeps the first row "
-               "of the folded list (spec section 3): b.",
+               "of the folded list (docs/semantics.md, section 3): b.",
     },
 }
 

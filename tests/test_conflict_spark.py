@@ -1,4 +1,4 @@
-"""ON CONFLICT DO NOTHING / DO ERROR on Spark (spec section 3, last paragraphs).
+"""ON CONFLICT DO NOTHING / DO ERROR on Spark (docs/semantics.md, section 3, last paragraphs).
 
 The materializer buffers changes per sink key until Spark's event-time
 watermark passes them.  These tests run the whole path: a changelog source with

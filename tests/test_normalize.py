@@ -1,4 +1,4 @@
-"""ChangelogNormalize (spec section 5) through the local runtime."""
+"""ChangelogNormalize (docs/semantics.md, section 5) through the local runtime."""
 from __future__ import annotations
 
 import numpy as np
@@ -47,7 +47,7 @@ def test_tombstone_blocks_late_older_insert_until_retention_ends():
 
 
 def test_state_ttl_emits_equal_rows_and_expires_state():
-    """D1's rule: with TTL on, an equal row still emits -U/+U (spec section 5)."""
+    """D1's rule: with TTL on, an equal row still emits -U/+U (docs/semantics.md, section 5)."""
     r = LocalRunner(make(state_ttl_ms=100))
     out = r.run_batch(to_frame([["+I", [1, "a", 1.0], 1], ["+I", [1, "a", 1.0], 2]], COLS), processing_time_ms=0)
     assert to_rows(out, COLS) == [["+I", [1, "a", 1.0]], ["-U", [1, "a", 1.0]], ["+U", [1, "a", 1.0]]]

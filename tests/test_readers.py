@@ -1,4 +1,4 @@
-"""CDC readers (spark_changelog.connectors, spec sections 1-2).
+"""CDC readers (spark_changelog.connectors, docs/semantics.md, sections 1-2).
 
 Inputs are the files under tests/fixtures/cdc/; expected rows are written here as
 data: (kind, user columns..., _seq) ordered by _seq.  Expected ``_seq`` values are

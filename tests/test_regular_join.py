@@ -1,4 +1,4 @@
-"""Regular join (spec section 4): scenarios, ordering, Flink fixtures, and the
+"""Regular join (docs/semantics.md, section 4): scenarios, ordering, Flink fixtures, and the
 vectorized operator against the row-at-a-time oracle (tests/reference/join.py)."""
 from __future__ import annotations
 

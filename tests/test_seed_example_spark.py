@@ -1,4 +1,4 @@
-"""The seed example of spec section 2, end to end through the Python API:
+"""The seed example of docs/semantics.md, section 2, end to end through the Python API:
 
     INSERT INTO t1 SELECT s1.*, s2.attr FROM s1 JOIN s2 ON s1.level = s2.id
 
@@ -92,7 +92,7 @@ def seed_inputs(tmp_path_factory, spark):
     """s2 in one file; s1's insert in a first file, its move to level 20 in a
     second (two micro-batches).  Key groups: the smallest count that puts join
     keys 10 and 20 in different groups, so -U(1,10,a1) and +U(1,20,b1) get
-    sequence numbers from different counters (the disorder of spec section 2)."""
+    sequence numbers from different counters (the disorder of docs/semantics.md, section 2)."""
     from pyspark.sql import functions as F
     base = tmp_path_factory.mktemp("seed")
     write(base / "s2", [to_frame(S2_ROWS, S2_COLS)], S2_ARROW)
@@ -140,7 +140,7 @@ def test_seed_streaming_and_batch(spark, seed_inputs, tmp_path):
     assert sorted(to_rows(changes, T1_COLS)) == sorted(
         [["+I", [1, 10, "a1"]], ["-U", [1, 10, "a1"]], ["+U", [1, 20, "b1"]]])
     # the join numbers its output per key group: the move to level 20 does not
-    # sort after the retraction of level 10 (spec section 2, cases 2/3), so a
+    # sort after the retraction of level 10 (docs/semantics.md, section 2, cases 2/3), so a
     # sink ordering id 1's changes by _seq would apply the -U last
     seq = {r[KIND_COL]: r[SEQ_COL] for _, r in changes.iterrows()}
     assert seq[2] < seq[1]

@@ -1,4 +1,4 @@
-"""Changes whose sink key is null (spec section 3, "bad input"): they go to the
+"""Changes whose sink key is null (docs/semantics.md, section 3, "bad input"): they go to the
 dead-letter output with a reason naming the field, or stop the run before
 anything of the batch is written; they never reach the materializer's state."""
 from __future__ import annotations

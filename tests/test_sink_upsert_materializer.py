@@ -1,4 +1,4 @@
-"""SinkUpsertMaterializer (spec section 3): fixtures, batching invariance, the
+"""SinkUpsertMaterializer (docs/semantics.md, section 3): fixtures, batching invariance, the
 row-at-a-time oracle, TTL and the ON CONFLICT modes."""
 from __future__ import annotations
 
@@ -218,7 +218,7 @@ def test_process_sorts_rows_it_is_given_unsorted():
 
 @st.composite
 def changelogs(draw, with_time=False):
-    """Random changelogs honouring the invariant of spec section 2: per source
+    """Random changelogs honouring the invariant of docs/semantics.md, section 2: per source
     row (a chain of versions of one upsert key) ADD before its RETRACT, in
     order; chains interleaved arbitrarily (what a shuffle does)."""
     upsert = draw(st.booleans())

@@ -1,4 +1,4 @@
-"""Watermark strategies (spec section 6, W1) and durations."""
+"""Watermark strategies (docs/semantics.md, section 6, W1) and durations."""
 from __future__ import annotations
 
 import datetime

@@ -1,4 +1,4 @@
-"""Canal JSON change messages (spec sections 1-2; shared parsing in ``cdc_json``).
+"""Canal JSON change messages (docs/semantics.md, sections 1-2; shared parsing in ``cdc_json``).
 
 One flat message per line: ``{"data": [...], "old": [...], "type": "INSERT" |
 "UPDATE" | "DELETE", "pkNames": [...], "isDdl": false, "es": ..., "ts": ...,

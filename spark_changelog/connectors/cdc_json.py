@@ -1,10 +1,10 @@
-"""Change-data-capture readers: shared parsing (spec sections 1 and 2).
+"""Change-data-capture readers: shared parsing (docs/semantics.md, sections 1 and 2).
 
 ``read_changes`` turns files written by a CDC tool (Debezium, Canal, Maxwell) or
 plain changelog files into a changelog stream: the user's columns, typed, plus
 ``_kind`` (the :class:`~spark_changelog.model.rowkind.RowKind` code, tinyint) and
 ``_seq`` (bigint), see :mod:`spark_changelog.model.schema`.  An update becomes two
-rows, ``-U`` of the old image and ``+U`` of the new one (spec section 1: an update
+rows, ``-U`` of the old image and ``+U`` of the new one (docs/semantics.md, section 1: an update
 is never one composite row).
 
 Everything runs inside Spark, batch or streaming, with the same expressions.
@@ -328,7 +328,7 @@ def read_changes(
     seq_column: Optional[str] = None,
     csv_options: Optional[Mapping[str, str]] = None,
 ) -> ReadResult:
-    """Read CDC files at ``path`` into a changelog stream (spec sections 1-2).
+    """Read CDC files at ``path`` into a changelog stream (docs/semantics.md, sections 1-2).
 
     ``format``: ``debezium-json``, ``canal-json``, ``maxwell-json`` or ``changelog``
     (files with an explicit kind column, ``changelog_file_format`` = ``json``,

@@ -1,4 +1,4 @@
-"""Changelog files with an explicit row-kind column (spec section 1; shared
+"""Changelog files with an explicit row-kind column (docs/semantics.md, section 1; shared
 parsing in ``cdc_json``).
 
 Each record is one changelog row: the user columns, a kind column

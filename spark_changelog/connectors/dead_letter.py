@@ -1,4 +1,4 @@
-"""Dead-letter files for invalid change records (spec sections 1-2: bad input is
+"""Dead-letter files for invalid change records (docs/semantics.md, sections 1-2: bad input is
 never dropped silently).
 
 ``write_dead_letter`` stores the rows of ``ReadResult.invalid`` (``raw``,

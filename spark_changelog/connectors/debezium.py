@@ -1,4 +1,4 @@
-"""Debezium JSON change events (spec sections 1-2; shared parsing in ``cdc_json``).
+"""Debezium JSON change events (docs/semantics.md, sections 1-2; shared parsing in ``cdc_json``).
 
 One JSON object per line, either the plain envelope
 ``{"before": {...}, "after": {...}, "op": "u", "source": {...}, "ts_ms": ...}`` or,

@@ -1,4 +1,4 @@
-"""Maxwell JSON change records (spec sections 1-2; shared parsing in ``cdc_json``).
+"""Maxwell JSON change records (docs/semantics.md, sections 1-2; shared parsing in ``cdc_json``).
 
 One record per line: ``{"database": ..., "table": ..., "type": "insert" |
 "update" | "delete", "ts": <seconds>, "xid": ..., "xoffset": ..., "position":

@@ -1,4 +1,4 @@
-"""Row kinds of a changelog (spec section 1).
+"""Row kinds of a changelog (docs/semantics.md, section 1).
 
 The byte values are Flink's ``RowKind.toByteValue()`` so that data recorded from
 Flink and data written by us use the same codes.
@@ -22,7 +22,7 @@ class RowKind(enum.IntEnum):
 
     @property
     def is_add(self) -> bool:
-        """``+I``/``+U`` accumulate; ``-U``/``-D`` retract (spec section 1)."""
+        """``+I``/``+U`` accumulate; ``-U``/``-D`` retract (docs/semantics.md, section 1)."""
         return self in (RowKind.INSERT, RowKind.UPDATE_AFTER)
 
     @property

@@ -1,4 +1,4 @@
-"""Schema facts of a changelog stream (spec section 1).
+"""Schema facts of a changelog stream (docs/semantics.md, section 1).
 
 A stream is a Spark DataFrame whose data columns are the user's columns plus
 two metadata columns:
@@ -34,7 +34,7 @@ METRICS_KIND = -1
 
 
 class ChangelogMode(enum.Enum):
-    """Which kinds a stream may contain (spec section 1)."""
+    """Which kinds a stream may contain (docs/semantics.md, section 1)."""
 
     INSERT_ONLY = "insert-only"   # +I
     UPSERT = "upsert"             # +I +U -D, keyed, no -U

@@ -141,7 +141,7 @@ class WatermarkStrategy(WatermarkGenerator):
 
 @dataclasses.dataclass(frozen=True)
 class BoundedOutOfOrderness(WatermarkStrategy):
-    """``W = max_event_time - bound - 1 ms`` (spec section 6, W1)."""
+    """``W = max_event_time - bound - 1 ms`` (docs/semantics.md, section 6, W1)."""
 
 
 @dataclasses.dataclass(frozen=True)

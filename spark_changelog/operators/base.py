@@ -8,7 +8,7 @@ the same ``process`` and never re-implements a rule.
 
 * ``rows``: the micro-batch's input rows of the key group, data columns plus
   ``_kind`` and ``_seq``, **sorted by the operator's key columns, then ``_seq``**
-  (the runtime sorts; arrival order is never trusted, spec section 2).
+  (the runtime sorts; arrival order is never trusted, docs/semantics.md, section 2).
 * ``state``: every stored state row whose key occurs in ``rows`` (possibly
   several rows per key), in the columns of :attr:`KeyedOperator.state_schema`.
   Keys of ``rows`` without state simply have no state rows.

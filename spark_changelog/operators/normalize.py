@@ -1,4 +1,4 @@
-"""ChangelogNormalize: keep-last deduplication on a changelog input (spec section 5).
+"""ChangelogNormalize: keep-last deduplication on a changelog input (docs/semantics.md, section 5).
 
 Flink inserts this operator after an upsert or duplicate-producing CDC source
 (``DeduplicateFunctionHelper.processLastRowOnChangelog``).  Per primary key:
@@ -46,7 +46,7 @@ TOUCHED_COL = "_ts"        # state: processing time of the last write/read (TTL)
 
 
 class ChangelogNormalize(KeyedOperator):
-    """Keep the last change per primary key (spec section 5, "keep last on a
+    """Keep the last change per primary key (docs/semantics.md, section 5, "keep last on a
     changelog input"), sequence-aware across micro-batches."""
 
     name = "ChangelogNormalize"

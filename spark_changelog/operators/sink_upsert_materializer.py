@@ -1,4 +1,4 @@
-"""Sink upsert materializer (spec section 3).
+"""Sink upsert materializer (docs/semantics.md, section 3).
 
 Sits before an upsert sink whose primary key (the *sink key*) does not contain
 the upsert key of its input, and turns a changelog whose per-sink-key order is
@@ -323,7 +323,7 @@ class _Replay:
 def _replay(sk_prior: np.ndarray, grp_prior: np.ndarray, order_prior: np.ndarray,
             sk_ops: np.ndarray, grp_ops: np.ndarray, add_ops: np.ndarray,
             n_groups: int, n_keys: int, replace: bool) -> _Replay:
-    """The list rule of spec section 3 for every sink key at once."""
+    """The list rule of docs/semantics.md, section 3 for every sink key at once."""
     n_s, n_r = len(sk_prior), len(sk_ops)
     init = np.bincount(grp_prior, minlength=n_groups)
 
@@ -466,7 +466,7 @@ class SinkUpsertMaterializer(KeyedOperator):
                  if c in self.data_columns]
         if clash:
             raise ValueError(f"{self.name}: column name(s) {clash} are reserved for its state")
-        # columns besides the sink key that make two rows "the same slot" (spec section 3)
+        # columns besides the sink key that make two rows "the same slot" (docs/semantics.md, section 3)
         self._slot_cols = [c for c in (self.upsert_key or self.data_columns) if c not in self.key]
 
     # -- schemas ------------------------------------------------------------

@@ -19,7 +19,7 @@ Where a SinkUpsertMaterializer goes (docs/semantics.md, section 3):
 
 * ``auto``: insert it only where the sink has a primary key, the input has
   updates, and the sink key does not contain the input's upsert key (then the
-  changes of one sink key may arrive in any order: spec section 2);
+  changes of one sink key may arrive in any order: docs/semantics.md, section 2);
 * ``force``: always, when the sink has a primary key;
 * ``none``: never.  An explicit ``conflict`` with ``none`` is rejected: Flink
   2.3 silently ignores ``ON CONFLICT DO DEDUPLICATE`` there (FLINK-41007).
@@ -71,7 +71,7 @@ def needs_materializer(t: Traits, sink_key) -> tuple[bool, str]:
                 f"{fmt_key(sk)}: several upsert keys map to one sink key")
     else:
         why += (f"it has no upsert key (order per key lost upstream), so the changes of one sink "
-                f"key {fmt_key(sk)} can arrive in any order (spec section 2)")
+                f"key {fmt_key(sk)} can arrive in any order (docs/semantics.md, section 2)")
     return True, why
 
 
@@ -121,7 +121,7 @@ def decide(t: Traits, sink_key, strategy: str = "auto", conflict: Optional[str] 
             return MaterializeDecision(
                 False, f"disabled (materialize='none'), although {why}. UNSAFE: an upsert sink "
                 "keyed by " + fmt_key(sk) + " may apply a retraction after a newer row and lose "
-                "it (spec section 2)", unsafe=True, conflict="none", warnings=warnings)
+                "it (docs/semantics.md, section 2)", unsafe=True, conflict="none", warnings=warnings)
         return MaterializeDecision(False, f"disabled (materialize='none'); not needed: {why}",
                                    conflict="none", warnings=warnings)
     if needed and conflict is None and require_on_conflict:

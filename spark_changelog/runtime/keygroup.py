@@ -15,7 +15,7 @@ from .state_runs import RunStack, concat_rows
 
 def sort_rows(rows: pd.DataFrame, key) -> pd.DataFrame:
     """Per-key order comes from ``_seq`` only (stable for equal ``_seq``), never
-    from arrival order: shuffles do not keep it (spec section 2).  Rows Spark
+    from arrival order: shuffles do not keep it (docs/semantics.md, section 2).  Rows Spark
     already sorted (``spark_keyed`` sorts a batch's input before the Python
     step) are only checked, not sorted again."""
     columns = list(key) + [SEQ_COL]

@@ -369,7 +369,7 @@ def without_late_row_filter(df):
     In ``EventTime`` mode ``transformWithState`` silently drops input rows
     whose event time is behind the (previous batch's) watermark when its input
     column carries the marker ``withWatermark`` puts on it.  We never drop a
-    row silently (spec section 6): the operator decides what a late row means
+    row silently (docs/semantics.md, section 6): the operator decides what a late row means
     (``ON CONFLICT``: it is due at once).  Spark's query watermark is kept: it
     comes from the ``EventTimeWatermark`` node upstream, not from the column."""
     from pyspark.sql import functions as F

@@ -1,4 +1,4 @@
-"""What every upsert sink shares (spec section 1, "upsert" mode).
+"""What every upsert sink shares (docs/semantics.md, section 1, "upsert" mode).
 
 A sink receives one micro-batch of a changelog whose per-key order is intact
 (the planner puts a ``SinkUpsertMaterializer`` in front when it is not) and
@@ -45,7 +45,7 @@ def net_changes_per_key(changes: pd.DataFrame, key: Sequence[str]) -> pd.DataFra
 def split_null_keys(changes: pd.DataFrame, key: Sequence[str], table: str
                     ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """``(rows with a complete key, rejects)``: a change whose primary key has a
-    null column cannot be applied to an upsert table (spec section 3, "bad
+    null column cannot be applied to an upsert table (docs/semantics.md, section 3, "bad
     input").  Rejects come as dead-letter records (``raw``: the row as JSON
     with its ``op``; ``file``: ``sink:<table>``; ``line``: its ``_seq``;
     ``reason`` naming the field)."""

@@ -1,6 +1,6 @@
 """Planner (spark_changelog.plan): trait inference, the materializer rule, explain.
 
-Pure: no Spark.  Cases are data; the seed example is spec section 2, checked
+Pure: no Spark.  Cases are data; the seed example is docs/semantics.md, section 2, checked
 against Flink 2.3's EXPLAIN CHANGELOG_MODE in tests/fixtures/flink/materializer.json.
 """
 from __future__ import annotations

@@ -29,7 +29,7 @@ WANT = [(1, 20, "b1")]
 def seed(tmp_path_factory, spark):
     """Inputs, and the key-group count that puts join keys 10 and 20 in different
     groups (so the join's -U(1,10,a1) and +U(1,20,b1) come from different
-    sequence counters: the disorder of spec section 2)."""
+    sequence counters: the disorder of docs/semantics.md, section 2)."""
     from pyspark.sql import functions as F
     base = tmp_path_factory.mktemp("sqlseed")
     write_changelog(base / "s2", ["id", "attr"], ["BIGINT", "STRING"],

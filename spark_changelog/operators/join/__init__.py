@@ -1,4 +1,4 @@
-"""Regular (unbounded) stream-stream join (spec section 4)."""
+"""Regular (unbounded) stream-stream join (docs/semantics.md, section 4)."""
 from .regular_join import JOIN_TYPES, SIDE_COL, JoinInputLayout, RegularJoin
 from .state_views import (InputSideHasNoUniqueKey, InputSideHasUniqueKey, JoinKeyContainsUniqueKey,
                           choose_view)

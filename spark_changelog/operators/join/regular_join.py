@@ -1,4 +1,4 @@
-"""Regular (unbounded) stream-stream join (spec section 4).
+"""Regular (unbounded) stream-stream join (docs/semantics.md, section 4).
 
 Both inputs go through **one** keyed operator, keyed by the join key: a
 :class:`JoinInputLayout` defines the union of the two inputs (every row carries
@@ -22,7 +22,7 @@ Emission follows Flink 2.3's ``StreamingJoinOperator.processElement`` exactly
 A retraction of a row that is not stored still retracts its matches and
 decrements their associations, as in Flink (counted as ``retract_no_match``).
 Matches come in the arrival order of the stored rows (``state_views``), which
-goes beyond Flink (spec section 4, "Ordering").
+goes beyond Flink (docs/semantics.md, section 4, "Ordering").
 
 Vectorized per batch (``state_views``): each side's stored rows become units
 with a lifetime in batch positions; the pairs (event of one side, unit of the

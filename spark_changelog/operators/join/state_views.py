@@ -1,4 +1,4 @@
-"""State views of the regular join (spec section 4), computed for a whole batch.
+"""State views of the regular join (docs/semantics.md, section 4), computed for a whole batch.
 
 Flink keeps, per join key and input side, one of three views (names as in
 Flink's ``JoinRecordStateViews`` / ``OuterJoinRecordStateViews``):
@@ -18,7 +18,7 @@ An outer side also stores ``numOfAssociations`` per entry (here: per state
 row), the number of rows of the other side it matches.
 
 Beyond Flink, every stored row keeps its *arrival number* (``__arr``) and
-matches are emitted in that order (spec section 4, "Ordering").  A row of
+matches are emitted in that order (docs/semantics.md, section 4, "Ordering").  A row of
 ``InputSideHasUniqueKey`` that is replaced arrives anew; a row of
 ``InputSideHasNoUniqueKey`` keeps the arrival of the add that took its count
 from 0 to 1, and its copies are emitted together at that place.
