@@ -148,7 +148,7 @@ def _window_aggregate(node: WindowAggregate) -> Lowered:
              allowed_lateness_ms=node.allowed_lateness_ms, time_column=tvf.column)
     out = apply_event_time(inp.df, op, tvf.spec, assigner=tvf.window,
                            key_groups=node.key_groups or DEFAULT_KEY_GROUPS)
-    return Lowered(out, inp.operators + (op,), inp.readers)
+    return Lowered(out, inp.operators + (op,))
 
 
 def _deduplicate(node: Deduplicate, inp: Lowered) -> Lowered:
