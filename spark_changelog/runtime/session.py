@@ -5,8 +5,10 @@ through unchanged, so the same code runs on a cluster (docs/deploy.md).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+import tempfile
 from typing import Mapping, Optional
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -30,12 +32,46 @@ DEFAULT_CONFIGS = {
 }
 
 
+def spark_log_path() -> str:
+    """Where the JVM's and its Python workers' own output goes:
+    ``$SPARK_CHANGELOG_LOG``, else ``<tmp>/spark-changelog.log``."""
+    return os.environ.get("SPARK_CHANGELOG_LOG") or os.path.join(tempfile.gettempdir(),
+                                                                 "spark-changelog.log")
+
+
+@contextlib.contextmanager
+def _jvm_output_to_log():
+    """While the JVM is started, file descriptors 1 and 2 point at the log file,
+    so the JVM (log4j's start-up lines, warnings) and every Python worker it
+    spawns (transformWithState's workers print progress lines) write there and
+    not on the user's terminal; this process gets its own descriptors back."""
+    path = spark_log_path()
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    except OSError:
+        yield
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    try:
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        yield
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for f in (fd, *saved):
+            os.close(f)
+
+
 def build_session(app_name: str = "spark-changelog", master: Optional[str] = None,
                   configs: Optional[Mapping[str, str]] = None):
     """Create (or get) a SparkSession with the project's defaults.
 
     Python workers must run this interpreter: otherwise they start the system
-    Python and fail with "No module named pandas".
+    Python and fail with "No module named pandas".  The JVM's and the workers'
+    own output goes to :func:`spark_log_path`, not the terminal.
     """
     from pyspark.sql import SparkSession
 
@@ -54,6 +90,9 @@ def build_session(app_name: str = "spark-changelog", master: Optional[str] = Non
     merged.update(configs or {})
     for k, v in merged.items():
         builder = builder.config(k, v)
-    spark = builder.getOrCreate()
+    from pyspark import SparkContext
+    launching = SparkContext._gateway is None and "PYSPARK_GATEWAY_PORT" not in os.environ
+    with (_jvm_output_to_log() if launching else contextlib.nullcontext()):
+        spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
