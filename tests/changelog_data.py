@@ -42,3 +42,16 @@ def to_rows(df: pd.DataFrame, columns: Sequence[str]) -> list:
 def schema_of(columns: Sequence[str], types: Sequence[pa.DataType]) -> pa.Schema:
     return pa.schema([pa.field(c, t) for c, t in zip(columns, types)]
                      + [pa.field(KIND_COL, pa.int8()), pa.field(SEQ_COL, pa.int64())])
+
+
+def batches_of(rows: Sequence, cuts: Sequence[int]) -> list:
+    """``rows`` split at the positions ``cuts`` (mod ``len(rows) + 1``) into
+    non-empty micro-batches of ``(index, row)``: random batch splits for
+    property tests."""
+    bounds = sorted(set(c % (len(rows) + 1) for c in cuts)) + [len(rows)]
+    start, out = 0, []
+    for b in bounds:
+        if b > start:
+            out.append([(i, rows[i]) for i in range(start, b)])
+            start = b
+    return out

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from changelog_data import load_fixture, schema_of, to_frame, to_rows
+from changelog_data import batches_of, load_fixture, schema_of, to_frame, to_rows
 from spark_changelog.operators.deduplicate import (ProcTimeKeepFirst, ProcTimeKeepLast,
                                                    RowTimeKeepFirst, RowTimeKeepLast)
 from spark_changelog.operators.normalize import ChangelogNormalize
@@ -130,16 +130,6 @@ COLS = ["k", "v", "t"]
 SCHEMA = schema_of(COLS, [pa.int64(), pa.int64(), pa.int64()])
 rows_st = st.lists(st.tuples(st.integers(0, 3), st.integers(0, 2), st.integers(0, 12)),
                    max_size=30)
-
-
-def batches_of(rows, cuts):
-    bounds = sorted(set(c % (len(rows) + 1) for c in cuts)) + [len(rows)]
-    start, out = 0, []
-    for b in bounds:
-        if b > start:
-            out.append([(i, rows[i]) for i in range(start, b)])
-            start = b
-    return out
 
 
 def per_key(out, key=0):

@@ -7,7 +7,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from changelog_data import load_fixture, schema_of, to_frame, to_rows
+from changelog_data import batches_of, load_fixture, schema_of, to_frame, to_rows
 from spark_changelog.operators.aggregate.group_aggregate import GroupAggregate
 from spark_changelog.operators.normalize import ChangelogNormalize
 from spark_changelog.runtime.local import LocalRunner
@@ -114,16 +114,6 @@ OUT = ["k"] + [a[2] for a in AGGS]
 row_st = st.tuples(st.sampled_from(["+I", "+I", "+U", "-U", "-D"]), st.integers(0, 2),
                    st.one_of(st.none(), st.integers(-2, 3)),
                    st.one_of(st.none(), st.sampled_from(["a", "b", "c"])))
-
-
-def batches_of(rows, cuts):
-    bounds = sorted(set(c % (len(rows) + 1) for c in cuts)) + [len(rows)]
-    start, out = 0, []
-    for b in bounds:
-        if b > start:
-            out.append([(i, rows[i]) for i in range(start, b)])
-            start = b
-    return out
 
 
 @settings(max_examples=60, deadline=None)

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from changelog_data import load_fixture, schema_of, to_frame, to_rows
+from changelog_data import batches_of, load_fixture, schema_of, to_frame, to_rows
 from spark_changelog.operators.top_n import AppendOnlyTopN, RetractableTopN
 from spark_changelog.runtime.local import LocalRunner
 from tests.reference.top_n import RefTopN
@@ -49,16 +49,6 @@ COLS = ["p", "x", "y"]
 SCHEMA = schema_of(COLS, [pa.int64(), pa.int64(), pa.int64()])
 row_st = st.tuples(st.sampled_from(["+I", "+I", "+U", "-U", "-D"]), st.integers(0, 1),
                    st.one_of(st.none(), st.integers(0, 4)), st.integers(0, 2))
-
-
-def batches_of(rows, cuts):
-    bounds = sorted(set(c % (len(rows) + 1) for c in cuts)) + [len(rows)]
-    start, out = 0, []
-    for b in bounds:
-        if b > start:
-            out.append([(i, rows[i]) for i in range(start, b)])
-            start = b
-    return out
 
 
 def per_partition(out):
