@@ -8,6 +8,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+from hypothesis import strategies as st
 
 from spark_changelog.model import KIND_COL, SEQ_COL, RowKind
 
@@ -54,4 +55,64 @@ def batches_of(rows: Sequence, cuts: Sequence[int]) -> list:
         if b > start:
             out.append([(i, rows[i]) for i in range(start, b)])
             start = b
+    return out
+
+
+# -- hypothesis strategies ------------------------------------------------------------
+
+@st.composite
+def side_changelog(draw, unique: str, spurious: bool):
+    """A valid changelog of one side (ADD before RETRACT per row); ``unique``:
+    "id" (unique key not in the join key), "k" (unique key = join key), "none"."""
+    n_ops = draw(st.integers(0, 24))
+    current: dict = {}          # unique key -> row, or row -> count
+    out = []
+    ks = st.one_of(st.integers(0, 2), st.just(None)) if draw(st.booleans()) else st.integers(0, 2)
+
+    def fresh():
+        i, k, v = draw(st.integers(0, 3)), draw(ks), draw(st.sampled_from(["a", "b", "c"]))
+        if unique == "k":           # a unique key is never null; id follows k
+            k = draw(st.integers(0, 2))
+            i = k
+        return (i, k, v)
+
+    ukey = {"id": lambda r: r[0], "k": lambda r: r[1], "none": lambda r: r}[unique]
+    for _ in range(n_ops):
+        op = draw(st.sampled_from(["ins", "ins", "upd", "del", "ghost"] if spurious
+                                  else ["ins", "ins", "upd", "del"]))
+        new = fresh()
+        if op == "ghost":           # a retraction of a row that may not be stored
+            out.append((draw(st.sampled_from(["-D", "-U"])), new))
+            continue
+        if op == "ins":
+            if unique != "none" and ukey(new) in current:
+                continue
+            out.append(("+I", new))
+            if unique == "none":
+                current[new] = current.get(new, 0) + 1
+            else:
+                current[ukey(new)] = new
+            continue
+        if not current:
+            continue
+        key = draw(st.sampled_from(sorted(current, key=repr)))
+        old = key if unique == "none" else current[key]
+        if op == "del":
+            out.append(("-D", old))
+        else:
+            if unique == "id":
+                new = (old[0], new[1], new[2])
+            elif unique == "k":
+                new = (old[0], old[1], new[2])
+            out.extend([("-U", old), ("+U", new)])
+        if unique == "none":
+            current[old] -= 1
+            if not current[old]:
+                del current[old]
+            if op == "upd":
+                current[new] = current.get(new, 0) + 1
+        else:
+            del current[key]
+            if op == "upd":
+                current[ukey(new)] = new
     return out

@@ -1,5 +1,5 @@
 """A streaming ``ON CONFLICT DO NOTHING`` job (watermark, timers) run as its own
-process by tests/test_conflict_spark.py.
+process by tests/operators/test_conflict_spark.py.
 
 argv: INPUT_DIR TABLE CHECKPOINT CHANGELOG [HANG_AFTER_BATCH]  (see job_progress)
 """

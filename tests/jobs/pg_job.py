@@ -1,5 +1,5 @@
 """A streaming normalize job writing to PostgreSQL, run as its own process by
-tests/test_postgres_pipeline.py.
+tests/sinks/test_postgres_pipeline.py.
 
 argv: INPUT_DIR CONNINFO TABLE CHECKPOINT [HANG_AFTER_BATCH]
 With HANG_AFTER_BATCH=k the job prints ``committed k`` after batch k was

@@ -1,5 +1,5 @@
 """A streaming window aggregate with per-partition watermarks and idleness, run
-as its own process by tests/test_windows_spark.py (kill and restart).
+as its own process by tests/runtime/test_windows_spark.py (kill and restart).
 
 argv: INPUT_DIR TABLE CHECKPOINT CHANGELOG LATE [HANG_AFTER_BATCH]  (see job_progress)
 """

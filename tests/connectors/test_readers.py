@@ -33,7 +33,7 @@ from spark_changelog.connectors.debezium import read_debezium
 from spark_changelog.connectors.maxwell import read_maxwell
 from spark_changelog.model.rowkind import RowKind
 
-FIXTURES = Path(__file__).parent / "fixtures" / "cdc"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "cdc"
 PRODUCTS = "id BIGINT, name STRING, price DOUBLE"
 
 

@@ -2,7 +2,7 @@
 batch, against the row-at-a-time oracle (tests/reference/join.py).
 
 Random valid changelogs of both sides (ADD before RETRACT per row, generators
-of tests/test_regular_join.py) are written as several parquet files per side
+of tests/operators/test_regular_join.py) are written as several parquet files per side
 (one directory per side, one file per micro-batch of its streaming source).
 The emitted changelog, applied as a multiset (+I/+U add a row, -U/-D remove
 one equal row), must equal the oracle's output applied the same way.
@@ -25,11 +25,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from changelog_data import to_frame
+from changelog_data import side_changelog, to_frame
 from reference.join import ReferenceJoin, norm
 from spark_changelog.api import ChangelogStream
 from spark_changelog.model import KIND_COL, SEQ_COL
-from test_regular_join import side_changelog
 
 LCOLS, RCOLS = ["id", "k", "v"], ["id", "k", "w"]
 OUT_COLS = ["id", "k", "v", "id0", "k0", "w"]

@@ -43,7 +43,7 @@ from spark_changelog.operators.sink_upsert_materializer import (PrimaryKeyConstr
 from spark_changelog.plan import PlanError, Sink, Source, materialize
 from spark_changelog.runtime.local import LocalRunner
 
-FLINK_DIR = pathlib.Path(__file__).parent / "fixtures" / "flink"
+FLINK_DIR = pathlib.Path(__file__).parents[1] / "fixtures" / "flink"
 FIXTURE = FLINK_DIR / "conflict.json"
 MAX_WATERMARK = 2 ** 63 - 1          # Flink's Watermark.MAX_WATERMARK (Long.MAX_VALUE)
 TYPES = {"BIGINT": pa.int64(), "INT": pa.int32(), "STRING": pa.string(), "DOUBLE": pa.float64(),
