@@ -444,7 +444,7 @@ class ChangelogStream:
 
     def explain(self, key: Union[str, Sequence[str], None] = None, *, materialize: str = "auto",
                 conflict: Optional[str] = None, require_on_conflict: bool = False,
-                table: str = "sink") -> str:
+                table: str = "sink", materializer_ttl_ms: Optional[int] = None) -> str:
         """The plan with, per node, its changelog mode, unique keys and upsert key,
         why keys were lost, and what was inserted automatically.  With ``key``
         (the sink's primary key) the plan ends in that sink, with the
@@ -452,7 +452,8 @@ class ChangelogStream:
         if key is None and conflict is None and materialize == "auto":
             return explain_plan(self._planned())
         return explain_plan(self.plan_sink(key, materialize=materialize, conflict=conflict,
-                                           require_on_conflict=require_on_conflict, table=table))
+                                           require_on_conflict=require_on_conflict, table=table,
+                                           materializer_ttl_ms=materializer_ttl_ms))
 
 
 class GroupedStream:

@@ -83,7 +83,7 @@ def cmd_explain(args) -> int:
     from .sql.runner import explain_script
     script = _script(args)
     spark = _session(args)
-    print(explain_script(spark, script, args.format))
+    print(explain_script(spark, script, args.format, batch=args.batch))
     return 0
 
 
@@ -155,6 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
                                        "script: changelog modes, keys, materializers and why")
     e.add_argument("script", help="the .sql file")
     e.add_argument("--format", default="text", choices=["text", "dot", "mermaid"])
+    e.add_argument("--batch", action="store_true",
+                   help="the plan of `run --batch` (default: the streaming plan of `run --checkpoint`)")
     e.set_defaults(func=cmd_explain)
 
     c = sub.add_parser("cat", help="print the current rows of an upsert table")

@@ -9,7 +9,7 @@ upsert key.
 """
 from __future__ import annotations
 
-from .rules import plan_warnings
+from .rules import plan_warnings, state_warnings
 from .nodes import Join, Node, Sink, exchange_upsert_key, fmt_key
 
 
@@ -45,7 +45,7 @@ def _lines(node: Node, prefix: str, child_prefix: str, out: list) -> None:
 def explain_plan(node: Node) -> str:
     out: list[str] = []
     _lines(node, "", "", out)
-    for w in plan_warnings(node):
+    for w in plan_warnings(node) + state_warnings(node):
         out.append(f"WARNING: {w}")
     return "\n".join(out)
 

@@ -29,7 +29,7 @@ from ..runtime.spark_keyed import DEFAULT_KEY_GROUPS, apply_keyed, arrow_schema_
 from . import expressions
 from .nodes import (WINDOW_END, WINDOW_START, Aggregate, Deduplicate, Filter, Join, Materialize,
                     Node, Normalize, Project, Sink, Source, TopN, WatermarkAssigner,
-                    WindowAggregate, WindowTableFunction, join_state_unique_key)
+                    WindowAggregate, WindowTableFunction, join_input_specs)
 from .rules import PlanError
 
 
@@ -224,8 +224,8 @@ def _join(node: Join, left: Lowered, right: Lowered) -> Lowered:
     from ..operators.join import JoinInputLayout, RegularJoin
     layout = JoinInputLayout(arrow_schema_of(left.data_df), arrow_schema_of(right.data_df),
                              node.left_keys, node.right_keys)
-    op = RegularJoin(layout, node.how, join_state_unique_key(node.left.traits, node.left_keys),
-                     join_state_unique_key(node.right.traits, node.right_keys), node.condition,
+    left_spec, right_spec = join_input_specs(node)
+    op = RegularJoin(layout, node.how, left_spec.unique_key, right_spec.unique_key, node.condition,
                      node.state_ttl_ms)
     # one pass over each input: side rows go into the union with null data columns
     union = layout.spark_union(left.df, right.df)

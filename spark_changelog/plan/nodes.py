@@ -62,6 +62,7 @@ import dataclasses
 from typing import Callable, Iterable, Optional, Sequence
 
 from ..model import ChangelogMode, join_output_names
+from ..model.join_side import JOIN_KEY_CONTAINS_UNIQUE_KEY, JoinInputSideSpec, join_input_side_spec
 from ..model.watermark import DAY_MS, BoundedOutOfOrderness, WatermarkStrategy
 
 Key = tuple[str, ...]
@@ -415,7 +416,7 @@ class Join(Node):
         specs = join_input_specs(self)
         return (f"Join(joinType=[{self.how.capitalize()}Join], where=[{where}"
                 f"{' AND <condition>' if self.has_condition else ''}], "
-                f"leftInputSpec=[{specs[0]}], rightInputSpec=[{specs[1]}])")
+                f"leftInputSpec=[{specs[0].label}], rightInputSpec=[{specs[1].label}])")
 
     def derive_traits(self) -> Traits:
         left, right = self.left.traits, self.right.traits
@@ -714,7 +715,8 @@ def exchange_upsert_key(t: Traits, by: Key) -> tuple[Optional[Key], Optional[str
 
 
 def _side_unique_on(keys: Sequence[Key], join_cols: Key) -> bool:
-    return any(k and set(k) <= set(join_cols) for k in keys)
+    """At most one row of the side per join key (its state is one row per join key)."""
+    return join_input_side_spec(join_cols, keys).view == JOIN_KEY_CONTAINS_UNIQUE_KEY
 
 
 def _join_keys(how: str, left: Sequence[Key], right: Sequence[Key],
@@ -765,24 +767,11 @@ def join_traits(left: Traits, right: Traits, left_keys: Key, right_keys: Key,
                   left.has_watermark and right.has_watermark, tuple(notes))
 
 
-def join_input_specs(node: Join) -> tuple[str, str]:
-    """Flink's ``JoinInputSideSpec`` names of both sides (the state view each gets)."""
-    def spec(t: Traits, keys: Key) -> str:
-        if not t.unique_keys:
-            return "NoUniqueKey"
-        if _side_unique_on(t.unique_keys, keys):
-            return "JoinKeyContainsUniqueKey"
-        return "HasUniqueKey"
-    return spec(node.left.traits, node.left_keys), spec(node.right.traits, node.right_keys)
-
-
-def join_state_unique_key(t: Traits, keys: Key) -> Optional[Key]:
-    """The unique key a join side's state view uses: one contained in the join
-    key if any (``JoinKeyContainsUniqueKey``), else the shortest one."""
-    inside = [k for k in t.unique_keys if set(k) <= set(keys)]
-    if inside:
-        return inside[0]
-    return t.unique_keys[0] if t.unique_keys else None
+def join_input_specs(node: Join) -> tuple[JoinInputSideSpec, JoinInputSideSpec]:
+    """The state view each side of a join gets (``model.join_side``; the
+    lowering hands each side's unique key to the operator, explain prints them)."""
+    return (join_input_side_spec(node.left_keys, node.left.traits.unique_keys),
+            join_input_side_spec(node.right_keys, node.right.traits.unique_keys))
 
 
 def source_leaves(node: Node) -> list[Source]:
@@ -802,5 +791,5 @@ def source_leaves(node: Node) -> list[Source]:
 __all__ = ["Traits", "Node", "Source", "WatermarkAssigner", "Project", "ProjectItem", "Filter",
            "Normalize", "Join", "Materialize", "Sink", "Deduplicate", "Aggregate", "TopN",
            "AggCall", "agg_text", "infer", "join_traits",
-           "exchange_upsert_key", "join_input_specs", "join_state_unique_key", "source_leaves",
+           "exchange_upsert_key", "join_input_specs", "source_leaves",
            "fmt_key", "fmt_keys", "Key"]

@@ -38,7 +38,7 @@ from typing import Optional, Sequence
 
 from ..model import ChangelogMode
 from .nodes import (Aggregate, Deduplicate, Filter, Join, Materialize, Node, Normalize, Sink,
-                    TopN, Traits, fmt_key)
+                    TopN, Traits, fmt_key, source_leaves)
 
 STRATEGIES = ("auto", "none", "force")
 CONFLICTS = ("deduplicate", "error", "nothing")
@@ -169,12 +169,15 @@ NEEDS_UPDATE_BEFORE = {
 }
 
 
-def order_input(node: Node, consumer: str, update_before: bool = True) -> Node:
+def order_input(node: Node, consumer: str, update_before: bool = True,
+                state_ttl_ms: Optional[int] = None) -> Node:
     """``node``, or a ChangelogNormalize over it that restores per-key order.
 
     ``consumer`` names what needs the order (for explain); ``update_before``:
     whether the consumer needs ``-U`` rows (a join or a materializer does, an
-    upsert sink keyed by the upsert key does not).
+    upsert sink keyed by the upsert key does not).  The normalize keeps its
+    state as long as the consumer does (``state_ttl_ms``: the consumer's TTL,
+    as Flink's ``table.exec.state.ttl`` covers every stateful operator).
     """
     t = node.traits
     upsert_input = t.mode is ChangelogMode.UPSERT and consumer in NEEDS_UPDATE_BEFORE
@@ -195,7 +198,8 @@ def order_input(node: Node, consumer: str, update_before: bool = True) -> Node:
     else:
         why = f"upsert input of a {consumer} needs update-before: {NEEDS_UPDATE_BEFORE[consumer]}"
         update_before = True
-    return Normalize(node, tuple(key), update_before, inserted_because=why)
+    return Normalize(node, tuple(key), update_before, inserted_because=why,
+                     state_ttl_ms=state_ttl_ms)
 
 
 _OPTIMIZED: "weakref.WeakKeyDictionary[Node, object]" = weakref.WeakKeyDictionary()
@@ -213,14 +217,16 @@ def optimize(node: Node) -> Node:
         return node if done is _UNCHANGED else done
     children = tuple(optimize(c) for c in node.children)
     if isinstance(node, Join):
-        children = tuple(order_input(c, "join") for c in children)
+        ttl = node.state_ttl_ms
+        ttls = ttl if isinstance(ttl, tuple) else (ttl, ttl)
+        children = tuple(order_input(c, "join", state_ttl_ms=t) for c, t in zip(children, ttls))
     elif isinstance(node, Aggregate):
-        children = (order_input(children[0], "group aggregate"),)
+        children = (order_input(children[0], "group aggregate", state_ttl_ms=node.state_ttl_ms),)
     elif isinstance(node, TopN):
-        children = (order_input(children[0], "top-n"),)
+        children = (order_input(children[0], "top-n", state_ttl_ms=node.state_ttl_ms),)
     elif isinstance(node, Deduplicate) and children[0].traits.mode is ChangelogMode.INSERT_ONLY:
         # keep last over a changelog input is a ChangelogNormalize itself (sequence-aware)
-        children = (order_input(children[0], "deduplicate"),)
+        children = (order_input(children[0], "deduplicate", state_ttl_ms=node.state_ttl_ms),)
     elif isinstance(node, Filter) and children[0].traits.mode is ChangelogMode.UPSERT:
         # stateless, so not order-sensitive; but an upsert input has no -U to filter
         children = (order_input(children[0], "filter"),)
@@ -244,12 +250,44 @@ def plan_sink(node: Node, key: Sequence[str], *, table: str = "sink", strategy: 
                                 materializer_ttl_ms=materializer_ttl_ms, key_groups=key_groups),
                            require_on_conflict=require_on_conflict)
 
-    ordered = order_input(base, "upsert sink", update_before=False)
+    ordered = order_input(base, "upsert sink", update_before=False,
+                          state_ttl_ms=materializer_ttl_ms)
     sink = planned(ordered)
     if isinstance(ordered, Normalize) and sink.decision.inserted:
         # the materializer retracts rows by their old content: it needs -U rows
-        sink = planned(order_input(base, "sink upsert materializer", update_before=True))
+        sink = planned(order_input(base, "sink upsert materializer", update_before=True,
+                                   state_ttl_ms=materializer_ttl_ms))
     return sink
+
+
+#: plan nodes whose state holds a row (or more) per key until it is retracted
+_KEYED_STATE = (Join, Materialize, Normalize, Deduplicate, Aggregate, TopN)
+
+
+def state_warnings(node: Node) -> list[str]:
+    """Explain's warning about state that nothing bounds (docs/semantics.md,
+    section 11): in a streaming run every stateful node without a state TTL
+    keeps its per-key state for ever.  Windows are not listed: the watermark
+    frees their state.  A bounded (batch) plan keeps no state across runs."""
+    names: list[str] = []
+
+    def walk(n: Node) -> None:
+        for c in n.children:
+            walk(c)
+        if isinstance(n, _KEYED_STATE) and not n.state_ttl_ms:
+            name = n.label().split("(", 1)[0]
+            if name not in names:
+                names.append(name)
+    if not any(s.streaming for s in source_leaves(node)):
+        return []
+    walk(node)
+    if not names:
+        return []
+    return [f"the state of {', '.join(names)} grows without bound in a streaming run: per-key "
+            "rows stay until they are retracted, and no state TTL is set (`state_ttl_ms=` in the "
+            "Python API, SET 'table.exec.state.ttl' in SQL). A TTL bounds it; a TTL shorter than "
+            "the time between a row and its retraction leaves stale rows (counted and warned "
+            "about at run time)"]
 
 
 def plan_warnings(node: Node) -> list[str]:
@@ -266,4 +304,4 @@ def plan_warnings(node: Node) -> list[str]:
 
 __all__ = ["MaterializeDecision", "PlanError", "decide", "materialize", "needs_materializer",
            "order_input", "unordered_warnings", "optimize", "plan_sink",
-           "nondeterminism_warnings", "plan_warnings", "STRATEGIES", "CONFLICTS"]
+           "nondeterminism_warnings", "plan_warnings", "state_warnings", "STRATEGIES", "CONFLICTS"]

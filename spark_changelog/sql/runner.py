@@ -50,12 +50,15 @@ def _render_query(stream, fmt: str) -> str:
     return explain_dot(stream.node) if fmt == "dot" else explain_mermaid(stream.node)
 
 
-def explain_script(spark, script: Script, fmt: str = "text") -> str:
-    """The plans of the script's INSERTs and EXPLAINs (nothing runs)."""
+def explain_script(spark, script: Script, fmt: str = "text", *, batch: bool = False) -> str:
+    """The plans of the script's INSERTs and EXPLAINs (nothing runs), as
+    ``run`` would execute them: streaming (the default, as Flink's), or with
+    ``batch`` as ``run --batch`` (a bounded run needs no reordering and keeps no
+    state across runs, so its plan can differ)."""
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}, got {fmt!r}")
     out = []
-    for stmt, planned in Translator(spark, script, streaming=False).statements():
+    for stmt, planned in Translator(spark, script, streaming=not batch).statements():
         if planned is None:
             continue
         if isinstance(stmt, ExplainDef):

@@ -37,7 +37,6 @@ from sqlglot import exp
 
 from ..api import ChangelogStream, read_changes
 from ..model.watermark import duration_ms
-from ..plan import Join, Materialize
 from ..plan.rules import PlanError
 from ..model import join_output_names
 from .dialect import Descriptor, Flink, TableArgument, WINDOW_TVFS
@@ -133,30 +132,11 @@ class PlannedInsert:
     def sink_options(self) -> dict:
         return dict(key=self.sink_key, materialize=self.settings.materialize,
                     conflict=self.insert.conflict,
-                    require_on_conflict=self.settings.require_on_conflict)
+                    require_on_conflict=self.settings.require_on_conflict,
+                    materializer_ttl_ms=self.settings.state_ttl_ms)
 
     def explain(self) -> str:
-        text = self.stream.explain(table=self.table.name, **self.sink_options())
-        warning = self.state_warning()
-        return f"{text}\nWARNING: {warning}" if warning else text
-
-    def state_warning(self) -> Optional[str]:
-        """Unbounded state: joins and materializers keep rows until they are
-        retracted; without ``table.exec.state.ttl`` nothing else removes them."""
-        if self.settings.state_ttl_ms is not None:
-            return None
-        names, stack = [], [self.plan()]
-        while stack:
-            n = stack.pop()
-            if isinstance(n, (Join, Materialize)):
-                names.append("SinkUpsertMaterializer" if isinstance(n, Materialize) else "Join")
-            stack.extend(n.children)
-        if not names:
-            return None
-        return (f"the state of {', '.join(sorted(set(names)))} grows without bound: rows stay "
-                "until they are retracted and no 'table.exec.state.ttl' is set. A TTL bounds it; "
-                "a TTL shorter than the time between a row and its retraction leaves stale rows "
-                "(counted and warned about at run time)")
+        return self.stream.explain(table=self.table.name, **self.sink_options())
 
     def plan(self):
         """The planned sink node (for graph formats)."""
@@ -167,7 +147,6 @@ class PlannedInsert:
         sink = self.make_sink(out)
         return self.stream.write_upsert(sink, checkpoint=checkpoint, dead_letter=dead_letter,
                                         strict=strict, progress=progress,
-                                        materializer_ttl_ms=self.settings.state_ttl_ms,
                                         **self.sink_options())
 
     def make_sink(self, out=None):

@@ -111,3 +111,24 @@ def test_key_preservation_is_read_from_the_tree(text, source, injective, reads):
     types = {"id": "int", "level": "bigint", "we ird": "string", "arr": "array<int>"}
     it = classify(text, None, types)
     assert (it.source, it.injective, it.inputs) == (source, injective, reads)
+
+
+def test_state_warning_names_every_stateful_node_without_ttl_in_streaming_plans():
+    stream = Source("s", ("id", "level"), ("id",), R, streaming=True)
+    sink = plan_sink(Join(stream, S2, ("level",), ("id",)), ("level",), table="t")
+    text = explain_plan(sink)
+    warning = [line for line in text.splitlines() if line.startswith("WARNING: the state of")]
+    assert warning == ["WARNING: the state of ChangelogNormalize, Join, SinkUpsertMaterializer grows "
+                       "without bound in a streaming run: per-key rows stay until they are "
+                       "retracted, and no state TTL is set (`state_ttl_ms=` in the Python API, SET "
+                       "'table.exec.state.ttl' in SQL). A TTL bounds it; a TTL shorter than the "
+                       "time between a row and its retraction leaves stale rows (counted and "
+                       "warned about at run time)"]
+    # a TTL on the join covers the normalize inserted for it; the materializer's its own
+    with_ttl = plan_sink(Join(stream, S2, ("level",), ("id",), state_ttl_ms=60_000), ("level",),
+                         table="t", materializer_ttl_ms=60_000)
+    assert with_ttl.input.input.left.state_ttl_ms == 60_000      # Materialize > Join > Normalize
+    assert "WARNING: the state of" not in explain_plan(with_ttl)
+    # bounded inputs keep no state across runs: nothing to warn about
+    assert "WARNING: the state of" not in explain_plan(plan_sink(Join(S1, S2, ("level",), ("id",)),
+                                                                 ("level",), table="t"))

@@ -14,8 +14,7 @@ from spark_changelog.plan.expressions import cast_is_injective, classify, is_non
 from spark_changelog.plan.rules import optimize, order_input
 from spark_changelog.plan.nodes import (Aggregate, Deduplicate, Join, Normalize, Project,
                                          ProjectItem, Sink, Source, TopN, WatermarkAssigner,
-                                         join_input_specs,
-                                         join_state_unique_key)
+                                         join_input_specs)
 
 R, U, I = ChangelogMode.RETRACT, ChangelogMode.UPSERT, ChangelogMode.INSERT_ONLY
 
@@ -98,9 +97,10 @@ def test_seed_join_specs_and_state_keys_match_flink():
     plan = load_fixture("flink/materializer.json")["explains"][0]["explain_changelog_mode"]
     assert any("leftInputSpec=[HasUniqueKey], rightInputSpec=[JoinKeyContainsUniqueKey]" in line
                for line in plan)
-    assert join_input_specs(j) == ("HasUniqueKey", "JoinKeyContainsUniqueKey")
-    assert join_state_unique_key(S1.traits, ("level",)) == ("id",)
-    assert join_state_unique_key(S2.traits, ("id",)) == ("id",)
+    left, right = join_input_specs(j)
+    assert (left.label, right.label) == ("HasUniqueKey", "JoinKeyContainsUniqueKey")
+    assert (left.view, left.unique_key) == ("InputSideHasUniqueKey", ("id",))
+    assert (right.view, right.unique_key) == ("JoinKeyContainsUniqueKey", ("id",))
     assert j.traits.columns == ("id", "level", "id0", "attr")
 
 

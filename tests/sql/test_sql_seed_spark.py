@@ -75,19 +75,27 @@ def test_seed_sql_explain_equals_the_python_api(spark, seed, tmp_path):
     header, body = text.split("\n", 1)
     body, tail = body.rsplit("\n", 1)
     assert header == "== INSERT INTO t1 (line 28) =="
-    api = api_pipeline(spark, base, False, groups).explain(key="id", table="t1")
-    assert body == api
+    # the default is the streaming plan (`run --checkpoint`), equal to the API's
+    api = api_pipeline(spark, base, True, groups).explain(key="id", table="t1")
+    assert body + "\n" + tail == api
     assert "upsert materializer: inserted: the input has updates" in body
     assert "Source(name=[s1], fields=[id, level], primaryKey=[id])" in body
     assert "left upsert key [id] lost: the input is shuffled by [level]" in body
-    # SQL's explain adds what only SQL settings decide: no state TTL is set
-    assert tail == ("WARNING: the state of Join, SinkUpsertMaterializer grows without bound: "
-                    "rows stay until they are retracted and no 'table.exec.state.ttl' is set. A "
-                    "TTL bounds it; a TTL shorter than the time between a row and its retraction "
-                    "leaves stale rows (counted and warned about at run time)")
+    assert body.count("ChangelogNormalize(key=[id], inserted: join needs each key's changes") == 2
+    assert tail == ("WARNING: the state of ChangelogNormalize, Join, SinkUpsertMaterializer grows "
+                    "without bound in a streaming run: per-key rows stay until they are retracted, "
+                    "and no state TTL is set (`state_ttl_ms=` in the Python API, SET "
+                    "'table.exec.state.ttl' in SQL). A TTL bounds it; a TTL shorter than the time "
+                    "between a row and its retraction leaves stale rows (counted and warned about "
+                    "at run time)")
     with_ttl = script(base, str(tmp_path / "t1")).sql.replace(
         "-- gabungkan", "SET 'table.exec.state.ttl' = '1 h';\n-- gabungkan")
     assert "WARNING" not in explain_script(spark, parse_script(with_ttl, "ttl.sql"))
+    # `explain --batch`: the plan of `run --batch` (ordered input, no state kept across runs)
+    batch = explain_script(spark, script(base, str(tmp_path / "t1")), batch=True)
+    assert batch.split("\n", 1)[1] == api_pipeline(spark, base, False, groups).explain(
+        key="id", table="t1")
+    assert "ChangelogNormalize" not in batch and "WARNING" not in batch
     dot = explain_script(spark, script(base, str(tmp_path / "t1")), "dot")
     assert dot.splitlines()[1] == "digraph plan {" and "SinkUpsertMaterializer" in dot
     mermaid = explain_script(spark, script(base, str(tmp_path / "t1")), "mermaid")

@@ -65,9 +65,9 @@ from typing import Optional, Sequence
 import numpy as np
 import pandas as pd
 
-JOIN_KEY_CONTAINS_UNIQUE_KEY = "JoinKeyContainsUniqueKey"
-INPUT_SIDE_HAS_UNIQUE_KEY = "InputSideHasUniqueKey"
-INPUT_SIDE_HAS_NO_UNIQUE_KEY = "InputSideHasNoUniqueKey"
+from ...model.join_side import (INPUT_SIDE_HAS_NO_UNIQUE_KEY, INPUT_SIDE_HAS_UNIQUE_KEY,
+                                JOIN_KEY_CONTAINS_UNIQUE_KEY, join_input_side_spec)
+
 
 _I64 = np.int64
 
@@ -505,12 +505,12 @@ class InputSideHasNoUniqueKey(StateView):
 
 
 def choose_view(join_key: Sequence[str], unique_key: Optional[Sequence[str]]) -> StateView:
-    """Flink's ``JoinInputSideSpec``: which view a side gets from its key facts."""
-    if not unique_key:
-        return InputSideHasNoUniqueKey()
-    if set(unique_key) <= set(join_key):
-        return JoinKeyContainsUniqueKey(unique_key)
-    return InputSideHasUniqueKey(unique_key)
+    """The view of a side with this unique key (``model.join_side``, the rule
+    the planner's explain shows)."""
+    spec = join_input_side_spec(join_key, [unique_key] if unique_key else [])
+    view = {v.name: v for v in (JoinKeyContainsUniqueKey, InputSideHasUniqueKey,
+                                InputSideHasNoUniqueKey)}[spec.view]
+    return view(spec.unique_key or ())
 
 
 __all__ = ["JoinKeyContainsUniqueKey", "InputSideHasUniqueKey", "InputSideHasNoUniqueKey",
