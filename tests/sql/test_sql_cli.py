@@ -36,12 +36,15 @@ def test_run_needs_a_mode_and_a_readable_script(tmp_path, capsys):
     assert "cannot read" in capsys.readouterr().err
 
 
-def test_unsupported_feature_exits_3(spark, tmp_path, capsys):
+def test_seed_004_explains_and_an_unsupported_feature_exits_3(spark, tmp_path, capsys):
     text = (SQL_DIR / "seed_004_dedup.sql").read_text().replace("{base}", str(tmp_path))
-    assert main(["explain", write(tmp_path, text)]) == 3
+    (tmp_path / "events").mkdir()
+    assert main(["explain", write(tmp_path, text)]) == 0
+    assert "Deduplicate(keep=[LastRow], key=[id], order=[PROCTIME])" in capsys.readouterr().out
+    assert main(["explain", write(tmp_path, text.replace("ROW_NUMBER()", "RANK()"))]) == 3
     err = capsys.readouterr().err
     assert err.startswith("not supported: ")
-    assert ":23:10: ROW_NUMBER() OVER (...) (deduplication and Top-N) is not supported yet" in err
+    assert ":23:10: RANK() OVER (...) is not supported yet" in err
 
 
 def test_run_batch_into_a_print_table_and_explain(spark, tmp_path, capsys):
