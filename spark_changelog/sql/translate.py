@@ -187,10 +187,15 @@ class PlannedInsert:
         return self.stream.plan_sink(table=self.table.name, **self.sink_options())
 
     def run(self, *, checkpoint: Optional[str] = None, dead_letter: Optional[str] = None,
-            strict: bool = False, progress=None, out=None, late_output: Optional[str] = None):
+            strict: bool = False, progress=None, out=None, late_output: Optional[str] = None,
+            changelog_path: Optional[str] = None):
+        """Run the INSERT; ``late_output`` (default: the script's
+        ``'spark-changelog.late-output.path'``): where window operators put late
+        rows; ``changelog_path``: also write every emitted change there."""
         sink = self.make_sink(out)
         return self.stream.write_upsert(sink, checkpoint=checkpoint, dead_letter=dead_letter,
                                         strict=strict, progress=progress,
+                                        changelog_path=changelog_path,
                                         materializer_ttl_ms=self.settings.state_ttl_ms,
                                         late_output=late_output or self.settings.late_output,
                                         **self.sink_options())
