@@ -354,8 +354,9 @@ class Translator:
         if isinstance(q, exp.Subquery):
             return self.query(q.this, pos)
         if isinstance(q, exp.SetOperation):
-            raise self._unsupported(f"{q.key.upper()} (combining queries) is not supported yet",
-                                    q, pos)
+            raise self.script.error(f"{q.key.upper()} (combining queries) is not supported yet",
+                                    self._keyword_position(q.expression, q.key.upper(), pos),
+                                    UnsupportedFeature)
         if not isinstance(q, exp.Select):
             raise self._unsupported(f"{q.key.upper()} is not supported here", q, pos)
         if q.args.get("with_"):
