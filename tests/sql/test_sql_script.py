@@ -256,6 +256,18 @@ def test_progress_display_shows_operators_state_and_watermark():
     assert "RegularJoin" in text and "5,000" in text and "4,100" in text
     assert "batches 3" in text and "changes out 1,200" in text and "state rows 42" in text
     assert "watermark 1970-01-01T00:00:01.337+00:00" in text
+    assert "late" not in text                 # no window: no late column or line
+    # a window query: its late rows per operator, the window watermark and its lag
+    report.operators = {"WindowAggregate": {"rows_in": 9, "rows_out": 2, "late_rows": 1}}
+    report.late_rows = 1
+    report.event_time = {"watermark_ms": 60_000, "newest_event_ms": 120_000,
+                         "idle_partitions": ["p1"]}
+    buf = io.StringIO()
+    Console(file=buf, width=120).print(progress._render())
+    text = buf.getvalue()
+    assert "WindowAggregate" in text and "late" in text
+    assert ("window watermark 1970-01-01T00:01:00.000+00:00 (60.0 s behind)   late rows 1   "
+            "idle partitions 1") in text
 
 
 def test_join_condition_uses_three_valued_logic():
