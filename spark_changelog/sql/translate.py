@@ -2,8 +2,9 @@
 
 Everything a script does is built with :class:`~spark_changelog.api.ChangelogStream`
 methods (``read_changes``, ``with_column``, ``with_watermark``, ``select``,
-``where``, ``join``, ``explain``, ``write_upsert``), so SQL and Python end in
-the same plan, the same explain text and the same operators.
+``where``, ``join``, ``group_by().agg()``, ``deduplicate``, ``top_n``,
+``window().aggregate()``, ``explain``, ``write_upsert``), so SQL and Python
+end in the same plan, the same explain text and the same operators.
 
 * ``CREATE TABLE`` with a ``filesystem`` connector is a source: the CDC or
   changelog-file reader with the table's schema and primary key, then its
@@ -20,10 +21,15 @@ the same plan, the same explain text and the same operators.
   column list), casting where the types differ, and plans the upsert sink
   with the ``SET`` options in force at that statement.
 
-Features whose operators are not there yet (``GROUP BY`` aggregation,
-``ROW_NUMBER`` deduplication and Top-N, window table functions, ``UNION``,
-``ORDER BY``/``LIMIT``, ``DISTINCT``) raise :class:`UnsupportedFeature` with
-their line and column.
+* ``GROUP BY`` is the group aggregation, ``HAVING`` a filter over it,
+  ``SELECT DISTINCT`` a ``GROUP BY`` of every item; ``ROW_NUMBER() OVER``
+  filtered on the row number is deduplication or Top-N (:mod:`.over`);
+  ``FROM TABLE(TUMBLE(...))`` a window table function (:mod:`.window_tvf`).
+  Both leave a *pending* relation that the enclosing query completes.
+
+Features without an operator or plan node (``UNION``, ``ORDER BY``/``LIMIT``,
+``OVER`` aggregation, ...) raise :class:`UnsupportedFeature` with their line
+and column.
 """
 from __future__ import annotations
 
@@ -397,8 +403,11 @@ class Translator:
         """``rel``, which must not wait for an enclosing query any more."""
         if isinstance(rel.pending, RankCall):
             raise unfiltered_error(self, rel.pending)
-        if isinstance(rel.pending, WindowCall):        # pragma: no cover - query() settles it
-            raise AssertionError("a window table function left pending")
+        if isinstance(rel.pending, WindowCall):
+            raise self._unsupported(
+                f"a window table function ({rel.pending.name}) is read by a SELECT of its own "
+                "(FROM TABLE(...) with or without GROUP BY window_start, window_end); joining "
+                "it (a window join) is not supported yet", rel.pending.node, Position(1, 1))
         return rel
 
     def aggregate(self, rel: Relation, q: exp.Select, pos: Position) -> Relation:
@@ -641,11 +650,7 @@ class Translator:
                                     "joins: [INNER], LEFT, RIGHT, FULL [OUTER] with ON)", jpos,
                                     UnsupportedFeature)
         left = self.settled(left)
-        right = self.relation(j.this, pos)
-        if isinstance(right.pending, WindowCall):
-            raise self._unsupported("joining a window table function (a window join) is not "
-                                    "supported yet", j.this, pos)
-        right = self.settled(right)
+        right = self.settled(self.relation(j.this, pos))
         clash = {f.qualifier for f in left.fields} & {f.qualifier for f in right.fields}
         if clash:
             raise self.script.error(f"{', '.join(sorted(clash))} appears twice in FROM: give it "

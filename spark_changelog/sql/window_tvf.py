@@ -80,8 +80,6 @@ def relation(tr: "Translator", fn: exp.Anonymous, alias: str, pos: Position) -> 
     if not isinstance(data, TableArgument):
         raise tr.script.error(f"{name}: the first argument is TABLE name", node_position(data, pos))
     rel = tr.settled(tr.relation(data.this, pos))
-    if rel.pending is not None:        # pragma: no cover - settled() raised
-        raise AssertionError(rel.pending)
     descriptor = args["TIMECOL"]
     if not isinstance(descriptor, Descriptor) or len(descriptor.expressions) != 1:
         raise tr.script.error(f"{name}: the time column is DESCRIPTOR(column)",

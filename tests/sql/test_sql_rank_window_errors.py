@@ -36,7 +36,7 @@ CASES = [
      "FROM s) WHERE rn <= 3", "RANK", "RANK() OVER (...) is not supported yet", True),
     ("INSERT INTO o SELECT k, v FROM (SELECT k, v, ROW_NUMBER() OVER (PARTITION BY k ORDER BY v) "
      "+ 1 AS rn FROM s) WHERE rn <= 3", "ROW_NUMBER", "must be a select item of its own", True),
-    (f"INSERT INTO o SELECT COUNT(*), COUNT(*) FROM TABLE(TUMBLE(TABLE s, DESCRIPTOR(t), "
+    ("INSERT INTO o SELECT COUNT(*), COUNT(*) FROM TABLE(TUMBLE(TABLE s, DESCRIPTOR(t), "
      "INTERVAL '1' MINUTE)) GROUP BY window_start, window_end", "t), INTERVAL",
      "DESCRIPTOR(t) must be the event-time attribute", False),
     ("INSERT INTO o SELECT COUNT(*), COUNT(*) FROM TABLE(TUMBLE(TABLE s, DESCRIPTOR(rt), 5)) "
@@ -53,6 +53,8 @@ CASES = [
      "window_end", "FIRST_VALUE", "is not a window aggregate", True),
     (f"INSERT INTO o SELECT k, v FROM {TVF} WHERE window_start > TIMESTAMP '2021-01-01 00:00:00'",
      "window_start >", "a WHERE on window_start is not supported yet", True),
+    (f"INSERT INTO o SELECT s.k, s.v FROM s JOIN {TVF} AS w ON s.k = w.k", "TUMBLE",
+     "joining it (a window join) is not supported yet", True),
     ("INSERT INTO o SELECT k, v FROM s HAVING COUNT(*) > 1", "HAVING", "HAVING needs GROUP BY",
      True),
     ("INSERT INTO o SELECT k, v FROM s UNION ALL SELECT k, v FROM s", "UNION",

@@ -7,6 +7,7 @@ the late output; batch fires every window at the end of input, nothing late."""
 from __future__ import annotations
 
 import datetime as dt
+import os
 
 from changelog_data import load_fixture
 from sql_inputs import source_options, write_changelog
@@ -46,6 +47,9 @@ def run(spark, tmp_path, streaming: bool):
     # one click per file, so one per micro-batch as Flink's recorder fed them
     write_changelog(tmp_path / "in", ["u", "t"], ["STRING", "BIGINT"],
                     [[("+I", vals, i)] for i, vals in enumerate(CLICKS)])
+    # Spark's file source reads the oldest files first: one second apart, in arrival order
+    for i, f in enumerate(sorted((tmp_path / "in").iterdir())):
+        os.utime(f, (1_600_000_000 + i, 1_600_000_000 + i))
     script = parse_script(SCRIPT.format(source=source_options(tmp_path / "in"),
                                         out=tmp_path / "out", late=tmp_path / "late"), "seed.sql")
     tr = Translator(spark, script, streaming=streaming, key_groups=2)
