@@ -116,3 +116,31 @@ def test_hop_with_window_time_lateness_and_idleness_settings(spark, src):
         ("b", "1970-01-01T00:01:00", "1970-01-01T00:03:00", "1970-01-01T00:02:59.999000", 9): 1,
         ("c", "1970-01-01T00:00:00", "1970-01-01T00:02:00", "1970-01-01T00:01:59.999000", 2): 1,
         ("c", "1970-01-01T00:01:00", "1970-01-01T00:03:00", "1970-01-01T00:02:59.999000", 2): 1})
+
+
+def test_session_partitioned_and_named_arguments(spark, src):
+    # sessions of 30 s gaps per k: a: 1 s, 2 s, 4 s -> one session [1 s, 34 s);
+    # b: 3 s and 65 s -> two sessions; c: one
+    s = stream(spark, src, "SELECT k, window_start, window_end, COUNT(*) AS n, SUM(v) AS total "
+                           "FROM TABLE(SESSION(DATA => TABLE s PARTITION BY k, TIMECOL => "
+                           "DESCRIPTOR(rt), GAP => INTERVAL '30' SECOND)) "
+                           "GROUP BY k, window_start, window_end")
+    from spark_changelog.model.windows import session
+    api = api_source(spark, src).window(session("rt", "30 seconds")).aggregate(
+        by=["k"], key_groups=2, n="count(*)", total="sum(v)")
+    assert s.explain() == api.explain()
+    assert table(s) == Counter({
+        ("a", "1970-01-01T00:00:01", "1970-01-01T00:00:34", 3, 17): 1,
+        ("b", "1970-01-01T00:00:03", "1970-01-01T00:00:33", 1, 1): 1,
+        ("b", "1970-01-01T00:01:05", "1970-01-01T00:01:35", 1, 9): 1,
+        ("c", "1970-01-01T00:01:10", "1970-01-01T00:01:40", 1, 2): 1})
+
+
+def test_an_insert_only_source_with_another_kind_fails_naming_its_sequence(spark, tmp_path):
+    write_changelog(tmp_path / "in", ["k", "v", "t"], ["STRING", "BIGINT", "BIGINT"],
+                    [[("+I", ["a", 1, 1000], 1), ("-U", ["a", 1, 1000], 2)]])
+    s = stream(spark, tmp_path / "in", "SELECT k, v FROM s")
+    assert "changelogMode=[I]" in s.explain()
+    with pytest.raises(Exception, match="source s is declared insert-only but holds a change of "
+                                        r"kind 1 \(0 \+I, 1 -U, 2 \+U, 3 -D\) at sequence number"):
+        s.collect()
