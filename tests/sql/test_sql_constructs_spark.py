@@ -144,3 +144,13 @@ def test_an_insert_only_source_with_another_kind_fails_naming_its_sequence(spark
     with pytest.raises(Exception, match="source s is declared insert-only but holds a change of "
                                         r"kind 1 \(0 \+I, 1 -U, 2 \+U, 3 -D\) at sequence number"):
         s.collect()
+
+
+def test_row_number_in_a_view_filtered_by_the_query_that_reads_it(spark, src):
+    ranked = ("SELECT k, v FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY k ORDER BY rt DESC) "
+              "AS rn FROM s) WHERE rn = 1")
+    via_view = stream(spark, src, "SELECT k, v FROM ranked WHERE rn = 1",
+                      "CREATE TEMPORARY VIEW ranked AS SELECT *, ROW_NUMBER() OVER (PARTITION BY"
+                      " k ORDER BY rt DESC) AS rn FROM s;\n")
+    assert "Deduplicate(keep=[LastRow], key=[k], order=[ROWTIME(rt)])" in via_view.explain()
+    assert via_view.explain() == stream(spark, src, ranked).explain()
