@@ -75,7 +75,8 @@ def explain_script(spark, script: Script, fmt: str = "text") -> str:
 def run_script(spark, script: Script, *, batch: bool, checkpoint: Optional[str] = None,
                dead_letter: Optional[str] = None, strict: bool = False,
                key_groups: Optional[int] = None, show_progress: bool = True,
-               out: Optional[TextIO] = None) -> list[InsertRun]:
+               out: Optional[TextIO] = None, late_output: Optional[str] = None
+               ) -> list[InsertRun]:
     """Plan the whole script, then run its INSERTs (see the module docstring).
     ``out``: where EXPLAIN output and print sinks write (default: stdout)."""
     sink_out, out = out, out or sys.stdout
@@ -104,9 +105,10 @@ def run_script(spark, script: Script, *, batch: bool, checkpoint: Optional[str] 
         sub = f"{i:02d}-{_safe(p.table.name)}" if len(inserts) > 1 else ""
         ck = os.path.join(checkpoint, sub or "query") if checkpoint else None
         dl = os.path.join(dead_letter, sub) if dead_letter and sub else dead_letter
+        late = os.path.join(late_output, sub) if late_output and sub else late_output
         with _Progress(p, enabled=show_progress) as progress:
             report = p.run(checkpoint=ck, dead_letter=dl, strict=strict, progress=progress.update,
-                           out=sink_out)
+                           out=sink_out, late_output=late)
         runs.append(InsertRun(p, report))
     return runs
 

@@ -11,6 +11,7 @@ import os
 
 from changelog_data import load_fixture
 from sql_inputs import source_options, write_changelog
+from spark_changelog.cli import main
 from spark_changelog.runtime.late_output import read_late_rows
 from spark_changelog.sinks.changelog import read_changelog
 from spark_changelog.sinks.delta import read_table
@@ -78,7 +79,7 @@ def test_seed_clicks_streaming_fire_after_flinks_arrivals_and_the_late_click(spa
     assert "WindowAggregate(groupBy=[], window=[TUMBLE(size=1 min)]" in report.plan
 
 
-def test_seed_clicks_batch_fire_every_window_nothing_late(spark, tmp_path):
+def test_seed_clicks_batch_fire_every_window_nothing_late(spark, tmp_path, capsys):
     report, table = run(spark, tmp_path, streaming=False)
     # the end of input fires every window; User5 20:44:54 is not late in batch
     assert table == [("2021-01-15T20:44:00", "2021-01-15T20:45:00", 2, 2),
@@ -86,3 +87,11 @@ def test_seed_clicks_batch_fire_every_window_nothing_late(spark, tmp_path):
                      ("2021-01-15T20:46:00", "2021-01-15T20:47:00", 2, 2),
                      ("2021-01-15T20:47:00", "2021-01-15T20:48:00", 2, 2)]
     assert report.late_rows == 0
+    # the same through `spark-changelog run --batch --late-output DIR`
+    text = SCRIPT.format(source=source_options(tmp_path / "in"), out=tmp_path / "cli",
+                         late=tmp_path / "unused")
+    (tmp_path / "seed.sql").write_text(text)
+    assert main(["run", str(tmp_path / "seed.sql"), "--batch", "--no-progress",
+                 "--late-output", str(tmp_path / "cli-late")]) == 0
+    assert "late rows" not in capsys.readouterr().err
+    assert len(read_table(str(tmp_path / "cli"))) == 4
