@@ -596,19 +596,28 @@ def _join_columns(on, left_on, right_on) -> tuple[tuple, tuple]:
 
 def read_changes(spark, path, format: str = "debezium-json", schema=None, primary_key=None,
                  streaming: bool = False, ordered: bool = False, *, name: Optional[str] = None,
-                 **kw) -> ChangelogStream:
+                 mode: Union[ChangelogMode, str, None] = None, **kw) -> ChangelogStream:
     """Read CDC files (``debezium-json``, ``canal-json``, ``maxwell-json``, ``changelog``).
 
     ``ordered=True`` declares that a streaming read brings each key's changes in
     source-sequence order (files arrive in log order), so the planner puts no
     ChangelogNormalize in front of joins, materializers and sinks; explain says
     what that risks (docs/semantics.md, section 10).  ``name``: how ``explain``
-    calls the source (default: the format)."""
+    calls the source (default: the format).  ``mode``: what the files hold,
+    overriding the reader's ``retract`` (every change with its old row):
+    ``insert_only`` (inserts only, so keep-first deduplication, windows and the
+    append Top-N apply; a change of another kind fails the job, naming its
+    sequence number) or ``upsert`` (``+U`` without ``-U``, deletes may carry the
+    key only: the planner puts a ChangelogNormalize on the primary key where
+    an operator needs the old rows)."""
     from .connectors.cdc_json import read_changes as _read
     res = _read(spark, path, format=format, schema=schema, primary_key=primary_key,
                 streaming=streaming, **kw)
     s = res.stream_schema
-    node = Source(name or format, tuple(s.columns), tuple(s.primary_key), s.mode,
+    mode = s.mode if mode is None else ChangelogMode(mode)
+    if mode is ChangelogMode.UPSERT and not s.primary_key:
+        raise ValueError("an upsert source needs a primary key")
+    node = Source(name or format, tuple(s.columns), tuple(s.primary_key), mode,
                   tuple(s.upsert_key) if s.upsert_key else (), streaming=bool(streaming),
                   declared_ordered=bool(ordered), reader=res)
     return ChangelogStream(spark, node)

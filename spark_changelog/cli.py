@@ -63,7 +63,7 @@ def cmd_run(args) -> int:
     spark = _session(args)
     runs = run_script(spark, script, batch=batch, checkpoint=args.checkpoint,
                       dead_letter=args.dead_letter, strict=args.strict,
-                      show_progress=not args.no_progress)
+                      show_progress=not args.no_progress, late_output=args.late_output)
     for r in runs:
         print(f"== INSERT INTO {r.planned.table.name} ==", file=sys.stderr)
         print(r.report.summary(), file=sys.stderr)
@@ -148,6 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                            "resumable from DIR")
     r.add_argument("--dead-letter", metavar="DIR", help="where invalid input rows go (with reasons)")
     r.add_argument("--strict", action="store_true", help="fail on the first invalid row")
+    r.add_argument("--late-output", metavar="DIR", help="where window operators put late rows "
+                                                        "(default: the script's "
+                                                        "'spark-changelog.late-output.path')")
     r.add_argument("--no-progress", action="store_true", help="no live progress display")
     r.set_defaults(func=cmd_run)
 

@@ -25,6 +25,7 @@ import weakref
 from typing import Optional
 
 from ..model import KIND_COL, METRICS_COL, METRICS_KIND, SEQ_COL, ChangelogMode
+from ..model.rowkind import RowKind
 from ..runtime.spark_keyed import DEFAULT_KEY_GROUPS, apply_keyed, arrow_schema_of
 from . import expressions
 from .nodes import (WINDOW_END, WINDOW_START, Aggregate, Deduplicate, Filter, Join, Materialize,
@@ -182,7 +183,23 @@ def _source(node: Source) -> Lowered:
     df = node.reader.rows if node.reader is not None else node.dataframe
     if df is None:
         raise PlanError(f"source {node.name!r} has neither a reader nor a DataFrame")
+    if node.reader is not None and node.mode is ChangelogMode.INSERT_ONLY and \
+            node.reader.stream_schema.mode is not ChangelogMode.INSERT_ONLY:
+        df = _insert_only(df, node.name)
     return Lowered(df)
+
+
+def _insert_only(df, name: str):
+    """A reader's rows declared insert-only: a change of another kind fails
+    the job (it would break the insert-only operators' assumptions silently)."""
+    from pyspark.sql import functions as F
+    kind = F.col(KIND_COL)
+    bad = (kind != F.lit(int(RowKind.INSERT))) & (kind != F.lit(METRICS_KIND))
+    error = F.raise_error(F.concat(
+        F.lit(f"source {name} is declared insert-only but holds a change of kind "),
+        kind.cast("string"), F.lit(" (0 +I, 1 -U, 2 +U, 3 -D) at sequence number "),
+        F.col(SEQ_COL).cast("string")))
+    return df.withColumn(KIND_COL, F.when(bad, error).otherwise(kind).cast(df.schema[KIND_COL].dataType))
 
 
 def spark_column(item):

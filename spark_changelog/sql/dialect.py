@@ -172,8 +172,12 @@ class FlinkParser(SparkParser):
         return value
 
     def _parse_window_tvf(self, name: str) -> exp.Expr:
-        return self.expression(exp.Anonymous(this=name,
+        token = self._tokens[self._index - 2]       # the name, before "("
+        node = self.expression(exp.Anonymous(this=name,
                                              expressions=self._parse_csv(self._parse_tvf_argument)))
+        # errors about the call point at its name
+        node.meta.update(line=token.line, col=token.col, start=token.start, end=token.end)
+        return node
 
 
 class Flink(Spark):

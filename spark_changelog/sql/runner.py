@@ -78,7 +78,8 @@ def explain_script(spark, script: Script, fmt: str = "text", *, batch: bool = Fa
 def run_script(spark, script: Script, *, batch: bool, checkpoint: Optional[str] = None,
                dead_letter: Optional[str] = None, strict: bool = False,
                key_groups: Optional[int] = None, show_progress: bool = True,
-               out: Optional[TextIO] = None) -> list[InsertRun]:
+               out: Optional[TextIO] = None, late_output: Optional[str] = None
+               ) -> list[InsertRun]:
     """Plan the whole script, then run its INSERTs (see the module docstring).
     ``out``: where EXPLAIN output and print sinks write (default: stdout)."""
     sink_out, out = out, out or sys.stdout
@@ -107,9 +108,10 @@ def run_script(spark, script: Script, *, batch: bool, checkpoint: Optional[str] 
         sub = f"{i:02d}-{_safe(p.table.name)}" if len(inserts) > 1 else ""
         ck = os.path.join(checkpoint, sub or "query") if checkpoint else None
         dl = os.path.join(dead_letter, sub) if dead_letter and sub else dead_letter
+        late = os.path.join(late_output, sub) if late_output and sub else late_output
         with _Progress(p, enabled=show_progress) as progress:
             report = p.run(checkpoint=ck, dead_letter=dl, strict=strict, progress=progress.update,
-                           out=sink_out)
+                           out=sink_out, late_output=late)
         runs.append(InsertRun(p, report))
     return runs
 
@@ -162,16 +164,34 @@ class _Progress:
         t.add_column("rows in", justify="right")
         t.add_column("rows out", justify="right")
         r = self.report
-        for name, counters in (r.operators if r is not None else {}).items():
-            t.add_row(name, f"{counters.get('rows_in', 0):,}", f"{counters.get('rows_out', 0):,}")
+        operators = r.operators if r is not None else {}
+        # window operators count their late rows; deduplication its superseded
+        # and unchanged rows: a column each when some operator has them
+        extra = [(k, label) for k, label in (("late_rows", "late"), ("superseded", "superseded"),
+                                             ("unchanged", "unchanged"))
+                 if any(c.get(k) for c in operators.values())]
+        for _, label in extra:
+            t.add_column(label, justify="right")
+        for name, counters in operators.items():
+            t.add_row(name, f"{counters.get('rows_in', 0):,}", f"{counters.get('rows_out', 0):,}",
+                      *(f"{counters.get(k, 0):,}" for k, _ in extra))
         elapsed = time.perf_counter() - self.t0
         if r is None:
-            status = f"{elapsed:.1f} s   planning / first batch ..."
-        else:
-            wm = "" if r.watermark_ms is None else f"   watermark {_iso(r.watermark_ms)}"
-            status = (f"{elapsed:.1f} s   batches {r.batches}   changes out {r.changes_out:,}   "
-                      f"state rows {r.state_rows:,}{wm}")
-        return Group(t, Text(status))
+            return Group(t, Text(f"{elapsed:.1f} s   planning / first batch ..."))
+        wm = "" if r.watermark_ms is None else f"   watermark {_iso(r.watermark_ms)}"
+        status = (f"{elapsed:.1f} s   batches {r.batches}   changes out {r.changes_out:,}   "
+                  f"state rows {r.state_rows:,}{wm}")
+        lines = [Text(status)]
+        et = r.event_time or {}
+        if et.get("watermark_ms") is not None or r.late_rows:
+            window = f"window watermark {_iso(et['watermark_ms'])}" \
+                if et.get("watermark_ms") is not None else "window watermark -"
+            if et.get("newest_event_ms") is not None and et.get("watermark_ms") is not None:
+                window += f" ({(et['newest_event_ms'] - et['watermark_ms']) / 1000:.1f} s behind)"
+            idle = et.get("idle_partitions") or []
+            lines.append(Text(f"{window}   late rows {r.late_rows:,}"
+                              + (f"   idle partitions {len(idle)}" if idle else "")))
+        return Group(t, *lines)
 
     def __exit__(self, *exc):
         if self._live is not None:

@@ -50,7 +50,8 @@ CONNECTORS = ("filesystem", "delta", "jdbc", "postgres", "print", "blackhole")
 CONNECTOR_OPTIONS = {
     "filesystem": ("changelog.kind-column", "changelog.seq-column", "csv.field-delimiter",
                    "csv.quote-character", "csv.escape-character",
-                   "source.max-files-per-trigger", "source.monitor-interval", "source.ordered"),
+                   "source.max-files-per-trigger", "source.monitor-interval", "source.ordered",
+                   "changelog.mode"),
     "delta": (),
     "postgres": ("url", "table-name", "username", "password"),
     "print": ("print-identifier",),
@@ -65,7 +66,13 @@ SETTINGS = {
     "table.exec.state.ttl": None,
     "table.exec.sink.require-on-conflict": ("true", "false"),
     "execution.runtime-mode": ("streaming", "batch"),
+    "table.exec.emit.allow-lateness": None,
+    "table.exec.source.idle-timeout": None,
+    "spark-changelog.late-output.path": None,
 }
+#: SET keys whose value is a duration
+DURATION_SETTINGS = ("table.exec.state.ttl", "table.exec.emit.allow-lateness",
+                     "table.exec.source.idle-timeout")
 
 #: Spark SQL type of a Flink type where the spelling differs
 _STRING_TYPES = {exp.DataType.Type.VARCHAR, exp.DataType.Type.CHAR, exp.DataType.Type.TEXT,
@@ -570,7 +577,7 @@ class _Builder:
         if allowed is not None and value.lower() not in allowed:
             raise self.error(f"SET {key!r}: expected one of {', '.join(allowed)}, got {value!r}",
                              vpos)
-        if key == "table.exec.state.ttl":
+        if key in DURATION_SETTINGS:
             try:
                 duration_ms(value if not value.strip().isdigit() else int(value))
             except (TypeError, ValueError):

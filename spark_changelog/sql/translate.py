@@ -2,8 +2,9 @@
 
 Everything a script does is built with :class:`~spark_changelog.api.ChangelogStream`
 methods (``read_changes``, ``with_column``, ``with_watermark``, ``select``,
-``where``, ``join``, ``explain``, ``write_upsert``), so SQL and Python end in
-the same plan, the same explain text and the same operators.
+``where``, ``join``, ``group_by().agg()``, ``deduplicate``, ``top_n``,
+``window().aggregate()``, ``explain``, ``write_upsert``), so SQL and Python
+end in the same plan, the same explain text and the same operators.
 
 * ``CREATE TABLE`` with a ``filesystem`` connector is a source: the CDC or
   changelog-file reader with the table's schema and primary key, then its
@@ -20,10 +21,15 @@ the same plan, the same explain text and the same operators.
   column list), casting where the types differ, and plans the upsert sink
   with the ``SET`` options in force at that statement.
 
-Features whose operators are not there yet (``GROUP BY`` aggregation,
-``ROW_NUMBER`` deduplication and Top-N, window table functions, ``UNION``,
-``ORDER BY``/``LIMIT``, ``DISTINCT``) raise :class:`UnsupportedFeature` with
-their line and column.
+* ``GROUP BY`` is the group aggregation, ``HAVING`` a filter over it,
+  ``SELECT DISTINCT`` a ``GROUP BY`` of every item; ``ROW_NUMBER() OVER``
+  filtered on the row number is deduplication or Top-N (:mod:`.over`);
+  ``FROM TABLE(TUMBLE(...))`` a window table function (:mod:`.window_tvf`).
+  Both leave a *pending* relation that the enclosing query completes.
+
+Features without an operator or plan node (``UNION``, ``ORDER BY``/``LIMIT``,
+``OVER`` aggregation, ...) raise :class:`UnsupportedFeature` with their line
+and column.
 """
 from __future__ import annotations
 
@@ -40,8 +46,11 @@ from ..model.watermark import duration_ms
 from ..plan.rules import PlanError
 from ..model import join_output_names
 from .dialect import Descriptor, Flink, TableArgument, WINDOW_TVFS
+from . import window_tvf
 from .errors import SqlError, UnsupportedFeature
+from .over import RankCall, apply_rank, is_rank_item, rank_relation, unfiltered_error
 from .predicate import JoinCondition, UnsupportedCondition
+from .window_tvf import WindowCall
 from .script import (ExplainDef, InsertDef, Position, QueryDef, Script, SetOption, StatementSet,
                      TableDef, ViewDef, node_position)
 
@@ -81,15 +90,25 @@ class Field:
     qualifier: Optional[str]   # table name or alias it is visible under
     name: str                  # name in SQL
     column: str                # column of the stream
+    proctime: bool = False     # a PROCTIME() column (a processing-time attribute)
 
 
 @dataclasses.dataclass
 class Relation:
     stream: ChangelogStream
     fields: tuple[Field, ...]
+    #: a ROW_NUMBER() waiting for its filter (:class:`.over.RankCall`) or a
+    #: window table function waiting for its GROUP BY (:class:`.window_tvf.WindowCall`)
+    pending: Optional[object] = None
 
     def requalified(self, qualifier: str) -> "Relation":
-        return Relation(self.stream, tuple(Field(qualifier, f.name, f.column) for f in self.fields))
+        return Relation(self.stream, tuple(dataclasses.replace(f, qualifier=qualifier)
+                                           for f in self.fields), self.pending)
+
+
+#: our own SET key (Flink drops late rows; it has no such option): where the
+#: window operators' late rows go
+LATE_OUTPUT_KEY = "spark-changelog.late-output.path"
 
 
 @dataclasses.dataclass
@@ -100,6 +119,9 @@ class Settings:
     require_on_conflict: bool = False
     state_ttl_ms: Optional[int] = None
     runtime_mode: Optional[str] = None
+    allow_lateness_ms: int = 0
+    idle_timeout_ms: Optional[int] = None
+    late_output: Optional[str] = None
     ignored: tuple = ()
 
     def apply(self, s: SetOption) -> "Settings":
@@ -113,6 +135,14 @@ class Settings:
             return dataclasses.replace(self, state_ttl_ms=ms or None)
         if s.key == "execution.runtime-mode":
             return dataclasses.replace(self, runtime_mode=v.lower())
+        if s.key == "table.exec.emit.allow-lateness":
+            return dataclasses.replace(self, allow_lateness_ms=duration_ms(
+                int(v) if v.isdigit() else v))
+        if s.key == "table.exec.source.idle-timeout":
+            ms = duration_ms(int(v) if v.isdigit() else v)
+            return dataclasses.replace(self, idle_timeout_ms=ms or None)
+        if s.key == LATE_OUTPUT_KEY:
+            return dataclasses.replace(self, late_output=v or None)
         return dataclasses.replace(self, ignored=self.ignored + (s.key,))
 
 
@@ -143,10 +173,16 @@ class PlannedInsert:
         return self.stream.plan_sink(table=self.table.name, **self.sink_options())
 
     def run(self, *, checkpoint: Optional[str] = None, dead_letter: Optional[str] = None,
-            strict: bool = False, progress=None, out=None):
+            strict: bool = False, progress=None, out=None, late_output: Optional[str] = None,
+            changelog_path: Optional[str] = None):
+        """Run the INSERT; ``late_output`` (default: the script's
+        ``'spark-changelog.late-output.path'``): where window operators put late
+        rows; ``changelog_path``: also write every emitted change there."""
         sink = self.make_sink(out)
         return self.stream.write_upsert(sink, checkpoint=checkpoint, dead_letter=dead_letter,
                                         strict=strict, progress=progress,
+                                        changelog_path=changelog_path,
+                                        late_output=late_output or self.settings.late_output,
                                         **self.sink_options())
 
     def make_sink(self, out=None):
@@ -226,7 +262,7 @@ class Translator:
             elif isinstance(stmt, ExplainDef):
                 inner = stmt.statement
                 if isinstance(inner, QueryDef):
-                    yield stmt, self.query(inner.query, inner.position).stream
+                    yield stmt, self.settled(self.query(inner.query, inner.position)).stream
                 else:
                     yield stmt, [self.insert(inner)]
             elif isinstance(stmt, QueryDef):
@@ -262,7 +298,7 @@ class Translator:
                 "SET 'table.exec.sink.upsert-materialize' = 'none' disables it (Flink 2.3 ignores "
                 "the clause silently, FLINK-41007): use 'auto' or 'force', or drop ON CONFLICT",
                 ins.position)
-        rel = self.query(ins.query, ins.position)
+        rel = self.settled(self.query(ins.query, ins.position))
         targets = ins.columns or tuple(c.name for c in table.physical_columns)
         unknown = [c for c in targets if c not in table.column_names]
         if unknown:
@@ -303,8 +339,9 @@ class Translator:
         if isinstance(q, exp.Subquery):
             return self.query(q.this, pos)
         if isinstance(q, exp.SetOperation):
-            raise self._unsupported(f"{q.key.upper()} (combining queries) is not supported yet",
-                                    q, pos)
+            raise self.script.error(f"{q.key.upper()} (combining queries) is not supported yet",
+                                    self._keyword_position(q.expression, q.key.upper(), pos),
+                                    UnsupportedFeature)
         if not isinstance(q, exp.Select):
             raise self._unsupported(f"{q.key.upper()} is not supported here", q, pos)
         if q.args.get("with_"):
@@ -319,13 +356,38 @@ class Translator:
         for j in q.args.get("joins") or ():
             rel = self.join(rel, j, pos)
         where = q.args.get("where")
+        where = where.this if where is not None else None
+        if isinstance(rel.pending, RankCall):
+            rel, rest = apply_rank(self, rel, where, q, pos)
+            where = exp.and_(*rest) if rest else None
+        if isinstance(rel.pending, WindowCall):
+            window_tvf.check_where(self, rel, where, pos)
         if where is not None:
-            cond = self.spark_sql(where.this, rel, pos)
-            with self._analysis("condition", [where.this], node_position(where.this, pos)):
-                rel = Relation(rel.stream.where(cond), rel.fields)
+            cond = self.spark_sql(where, rel, pos)
+            with self._analysis("condition", [where], node_position(where, pos)):
+                rel = dataclasses.replace(rel, stream=rel.stream.where(cond))
+        if isinstance(rel.pending, WindowCall):
+            if q.args.get("group"):
+                return self.having(window_tvf.aggregate(self, rel, q, pos), q, pos)
+            rel = window_tvf.table_function(self, rel, q, pos)
         if q.args.get("group"):
-            return self.aggregate(rel, q, pos)
+            return self.having(self.aggregate(rel, q, pos), q, pos)
+        if q.args.get("distinct"):
+            return self.distinct(rel, q, pos)
+        if any(is_rank_item(e) for e in q.expressions):
+            return rank_relation(self, rel, q, pos)
         return self.project(rel, q.expressions, pos)
+
+    def settled(self, rel: Relation) -> Relation:
+        """``rel``, which must not wait for an enclosing query any more."""
+        if isinstance(rel.pending, RankCall):
+            raise unfiltered_error(self, rel.pending)
+        if isinstance(rel.pending, WindowCall):
+            raise self._unsupported(
+                f"a window table function ({rel.pending.name}) is read by a SELECT of its own "
+                "(FROM TABLE(...) with or without GROUP BY window_start, window_end); joining "
+                "it (a window join) is not supported yet", rel.pending.node, Position(1, 1))
+        return rel
 
     def aggregate(self, rel: Relation, q: exp.Select, pos: Position) -> Relation:
         """``SELECT keys..., AGG(col) ... GROUP BY keys``: the group aggregation
@@ -372,12 +434,67 @@ class Translator:
         stream = self._select(stream, named, pos, q.expressions)
         return Relation(stream, tuple(Field(None, n, n) for n in named))
 
+    def having(self, rel: Relation, q: exp.Select, pos: Position) -> Relation:
+        """``HAVING cond``: a filter over the aggregated rows.  An aggregate call
+        in ``cond`` is the select item with the same call (by its name), or
+        is added and projected away after the filter."""
+        having = q.args.get("having")
+        if having is None:
+            return rel
+        items = {}
+        for idx, item in enumerate(q.expressions):
+            body = item.this if isinstance(item, exp.Alias) else item
+            if isinstance(body, exp.AggFunc):
+                items.setdefault(body.sql(dialect=Flink).lower(), rel.fields[idx])
+        cond = having.this.copy()
+        extra = []
+        for node in list(cond.find_all(exp.AggFunc)):
+            key = node.sql(dialect=Flink).lower()
+            if key not in items:
+                extra.append(node.copy())
+                items[key] = None
+        if extra:            # the aggregation again, with the extra calls as hidden columns
+            hidden = [exp.alias_(e, f"$having{i}", quoted=True) for i, e in enumerate(extra)]
+            q2 = q.copy()
+            q2.set("expressions", list(q.expressions) + hidden)
+            q2.set("having", None)
+            rel2 = self.query(q2, pos)
+            for i, e in enumerate(extra):
+                items[e.sql(dialect=Flink).lower()] = rel2.fields[len(q.expressions) + i]
+            visible = rel2.fields[:len(q.expressions)]
+        else:
+            rel2, visible = rel, rel.fields
+        for orig, new in zip(list(having.this.find_all(exp.AggFunc)),
+                             list(cond.find_all(exp.AggFunc))):
+            f = items[orig.sql(dialect=Flink).lower()]
+            new.replace(exp.column(exp.to_identifier(f.name, quoted=True)))
+        text = self.spark_sql(cond, Relation(rel2.stream, rel2.fields), pos)
+        hpos = self._keyword_position(having, "HAVING", pos)
+        with self._analysis("HAVING condition", [having.this], hpos):
+            stream = rel2.stream.where(text)
+        if extra:
+            stream = self._select(stream, {f.name: f.column for f in visible}, hpos)
+        return Relation(stream, tuple(visible))
+
+    def distinct(self, rel: Relation, q: exp.Select, pos: Position) -> Relation:
+        """``SELECT DISTINCT items``: ``GROUP BY`` every item (as Flink plans it);
+        the group aggregation needs an aggregate, so a row count is computed
+        and projected away."""
+        out = self.project(rel, q.expressions, pos)
+        names = [f.column for f in out.fields]
+        count = "$distinct_rows"
+        kw = {"key_groups": self.key_groups} if self.key_groups else {}
+        dpos = self._keyword_position(q.args["distinct"], "DISTINCT", pos)
+        with self._analysis("SELECT DISTINCT", q.expressions, dpos):
+            stream = out.stream.group_by(*names).agg(
+                state_ttl_ms=self.settings.state_ttl_ms, **kw, **{count: "COUNT(*)"})
+            stream = stream.select(*names)
+        return Relation(stream, out.fields)
+
     def _check_select(self, q: exp.Select, pos: Position) -> None:
-        checks = (                  ("having", "HAVING (GROUP BY aggregation) is not supported yet", "HAVING"),
-                  ("order", "ORDER BY is not supported yet (Top-N needs ROW_NUMBER, which is "
-                            "not there yet either)", "ORDER"),
+        checks = (("order", "ORDER BY is not supported yet (Top-N: ROW_NUMBER() OVER (PARTITION "
+                            "BY ... ORDER BY ...) AS rn in a subquery, WHERE rn <= N)", "ORDER"),
                   ("limit", "LIMIT is not supported yet", "LIMIT"),
-                  ("distinct", "SELECT DISTINCT (an aggregation) is not supported yet", "DISTINCT"),
                   ("qualify", "QUALIFY is not supported yet", "QUALIFY"))
         for arg, message, keyword in checks:
             node = q.args.get(arg)
@@ -385,7 +502,17 @@ class Translator:
                 raise self.script.error(message, self._keyword_position(node, keyword, pos),
                                         UnsupportedFeature)
         grouped = bool(q.args.get("group"))
+        if q.args.get("having") and not grouped:
+            raise self.script.error("HAVING needs GROUP BY (aggregates without GROUP BY are not "
+                                    "supported yet)", self._keyword_position(
+                                        q.args["having"], "HAVING", pos), UnsupportedFeature)
         for e in q.expressions:
+            if is_rank_item(e):
+                if grouped or q.args.get("distinct"):
+                    raise self._unsupported("ROW_NUMBER() in a GROUP BY or DISTINCT query is not "
+                                            "supported: rank the aggregated rows in an "
+                                            "enclosing query", e, pos)
+                continue
             self._check_expression(e, pos, allow_aggregates=grouped)
 
     def _check_expression(self, node: exp.Expr, pos: Position,
@@ -395,9 +522,12 @@ class Translator:
                 fn = n.this
                 if isinstance(fn, exp.RowNumber):
                     raise self._unsupported(
-                        "ROW_NUMBER() OVER (...) (deduplication and Top-N) is not supported yet",
-                        fn, pos)
-                raise self._unsupported("OVER aggregation is not supported yet", fn, pos)
+                        "ROW_NUMBER() OVER (...) must be a select item of its own (ROW_NUMBER() "
+                        "OVER (PARTITION BY k ORDER BY t) AS rn), in a subquery whose enclosing "
+                        "query filters on rn", fn, pos)
+                raise self._unsupported(
+                    f"{fn.sql(dialect=Flink).split('(')[0]}() OVER (...) is not supported yet "
+                    "(OVER aggregation; RANK and DENSE_RANK Top-N): ROW_NUMBER() is", fn, pos)
             if isinstance(n, exp.AggFunc) and not allow_aggregates:
                 raise self._unsupported(f"aggregate function {n.sql_name()} (GROUP BY "
                                         "aggregation) is not supported yet", n, pos)
@@ -414,8 +544,10 @@ class Translator:
             fn = node.this
             inner = fn.expressions[0] if fn.name.upper() == "TABLE" and fn.expressions else fn
             name = inner.name.upper() if isinstance(inner, exp.Anonymous) else fn.name.upper()
+            if name in WINDOW_TVFS and inner is not fn:
+                return window_tvf.relation(self, inner, alias, pos)
             if name in WINDOW_TVFS:
-                raise self._unsupported(f"window table function {name} is not supported yet",
+                raise self._unsupported(f"write a window table function as TABLE({name}(...))",
                                         node, pos)
             raise self._unsupported(f"table function {name} is not supported", node, pos)
         if not isinstance(node, exp.Table):
@@ -450,6 +582,12 @@ class Translator:
             if csv:
                 kw["csv_options"] = {names[k]: v for k, v in csv.items()}
         kw["ordered"] = c.option("source.ordered", "false").lower() == "true"
+        mode = c.option("changelog.mode", "all").lower()
+        modes = {"all": None, "insert-only": "insert-only", "upsert": "upsert"}
+        if mode not in modes:
+            raise self.script.error(f"table {t.name}: 'changelog.mode' is 'all' (default), "
+                                    f"'insert-only' or 'upsert', got {mode!r}", t.position)
+        kw["mode"] = modes[mode]
         files = c.option("source.max-files-per-trigger")
         max_files = int(files) if files else self.max_files_per_trigger
         try:
@@ -471,7 +609,8 @@ class Translator:
                 with self._analysis(f"computed column {col.name}", [col.expression],
                                     node_position(col.expression, pos)):
                     stream = rel.stream.with_column(col.name, expr)
-            rel = Relation(stream, rel.fields + (Field(t.name, col.name, col.name),))
+            rel = Relation(stream, rel.fields + (Field(t.name, col.name, col.name,
+                                                       proctime=col.proctime),))
         order = tuple(col.name for col in t.columns)
         if tuple(rel.stream.schema.columns) != order:
             rel = Relation(rel.stream.select(*order), tuple(Field(t.name, n, n) for n in order))
@@ -489,7 +628,8 @@ class Translator:
             raise self.script.error(f"{kind.upper() or 'this'} JOIN is not supported (regular "
                                     "joins: [INNER], LEFT, RIGHT, FULL [OUTER] with ON)", jpos,
                                     UnsupportedFeature)
-        right = self.relation(j.this, pos)
+        left = self.settled(left)
+        right = self.settled(self.relation(j.this, pos))
         clash = {f.qualifier for f in left.fields} & {f.qualifier for f in right.fields}
         if clash:
             raise self.script.error(f"{', '.join(sorted(clash))} appears twice in FROM: give it "
@@ -573,6 +713,7 @@ class Translator:
         named: dict[str, str] = {}
         fields: list[Field] = []
         taken: set[str] = set()
+        proctime: set[str] = set()
 
         def add(name: str, spec: str):
             out, i = name, 0
@@ -586,6 +727,8 @@ class Translator:
             if isinstance(item, exp.Star):
                 for f in rel.fields:
                     add(f.name, f.column)
+                    if f.proctime:
+                        proctime.add(fields[-1].name)
                 continue
             if isinstance(item, exp.Column) and isinstance(item.this, exp.Star):
                 q = item.table
@@ -601,6 +744,8 @@ class Translator:
             if isinstance(body, exp.Column):
                 f = self._resolve(body, rel, pos)
                 add(alias or f.name, f.column)
+                if f.proctime:
+                    proctime.add(fields[-1].name)
             else:
                 add(alias or f"EXPR${idx}", self.spark_sql(body, rel, pos))
         stream = rel.stream
@@ -609,7 +754,8 @@ class Translator:
         if not same:
             first = node_position(items[0], pos) if items else pos
             stream = self._select(stream, named, first, items)
-        return Relation(stream, tuple(Field(None, f.name, f.column) for f in fields))
+        return Relation(stream, tuple(Field(None, f.name, f.column, f.name in proctime)
+                                      for f in fields))
 
     def _select(self, stream: ChangelogStream, named: dict, pos: Position,
                 nodes: Sequence[exp.Expr] = ()) -> ChangelogStream:

@@ -33,6 +33,10 @@ def source_options(path) -> str:
 def create_table(name: str, spec: dict, path) -> str:
     """``CREATE TABLE`` of a Flink fixture input (columns, types, primary key)."""
     cols = [f"{c} {t}" for c, t in zip(spec["columns"], spec["types"])]
+    extra = spec.get("schema_extra") or {}
+    cols += [f"{c} AS {e}" for c, e in extra.get("computed", ())]
+    if extra.get("watermark"):
+        cols.append("WATERMARK FOR {} AS {}".format(*extra["watermark"]))
     if spec.get("primary_key"):
         cols.append(f"PRIMARY KEY ({', '.join(spec['primary_key'])}) NOT ENFORCED")
     return f"CREATE TEMPORARY TABLE {name} ({', '.join(cols)}) WITH ({source_options(path)})"

@@ -2,6 +2,7 @@
 person can act on (in-process; the CLI's session is the test session)."""
 from __future__ import annotations
 
+import json
 import pathlib
 
 
@@ -36,12 +37,15 @@ def test_run_needs_a_mode_and_a_readable_script(tmp_path, capsys):
     assert "cannot read" in capsys.readouterr().err
 
 
-def test_unsupported_feature_exits_3(spark, tmp_path, capsys):
+def test_seed_004_explains_and_an_unsupported_feature_exits_3(spark, tmp_path, capsys):
     text = (SQL_DIR / "seed_004_dedup.sql").read_text().replace("{base}", str(tmp_path))
-    assert main(["explain", write(tmp_path, text)]) == 3
+    (tmp_path / "events").mkdir()
+    assert main(["explain", write(tmp_path, text)]) == 0
+    assert "Deduplicate(keep=[LastRow], key=[id], order=[PROCTIME])" in capsys.readouterr().out
+    assert main(["explain", write(tmp_path, text.replace("ROW_NUMBER()", "RANK()"))]) == 3
     err = capsys.readouterr().err
     assert err.startswith("not supported: ")
-    assert ":23:10: ROW_NUMBER() OVER (...) (deduplication and Top-N) is not supported yet" in err
+    assert ":23:10: RANK() OVER (...) is not supported yet" in err
 
 
 def test_run_batch_into_a_print_table_and_explain(spark, tmp_path, capsys):
@@ -107,3 +111,32 @@ INSERT INTO out SELECT COUNT(*) AS n, k, SUM(v) AS total FROM src GROUP BY k;
     assert main(["run", path, "--batch", "--no-progress"]) == 0
     lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("agg> ")]
     assert lines == ["agg> +I[1, a, 5]"]
+
+
+def test_seed_004_dedup_runs_unchanged_on_maxwell_input(spark, tmp_path, capsys):
+    """The deduplication article's query (ORDER BY pt DESC: keep last on
+    processing time) over Maxwell changes: each id's latest row."""
+    events = tmp_path / "events"
+    events.mkdir()
+    rows = [("insert", {"id": 1, "name": "a", "ts": "2021-01-15 20:44:23.000"}),
+            ("insert", {"id": 2, "name": "b", "ts": "2021-01-15 20:44:24.000"}),
+            ("update", {"id": 1, "name": "c", "ts": "2021-01-15 20:44:25.000"})]
+    with open(events / "maxwell-000001.json", "w") as f:
+        for i, (kind, data) in enumerate(rows):
+            old = {"name": "a"} if kind == "update" else None
+            rec = {"database": "shop", "table": "t", "type": kind, "ts": 1610743463 + i,
+                   "xid": i, "position": f"master.000001:{100 + i}", "data": data}
+            if old:
+                rec["old"] = old
+            f.write(json.dumps(rec) + "\n")
+    text = (SQL_DIR / "seed_004_dedup.sql").read_text().replace("{base}", str(tmp_path))
+    assert main(["run", write(tmp_path, text), "--batch", "--no-progress"]) == 0
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith(("+", "-"))]
+    table = {}
+    for line in lines:
+        kind, vals = line[:2], line[3:-1].split(", ")
+        if kind in ("+I", "+U"):
+            table[vals[0]] = vals[1]
+        else:
+            table.pop(vals[0], None)
+    assert table == {"1": "c", "2": "b"}, lines

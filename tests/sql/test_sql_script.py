@@ -56,7 +56,7 @@ def test_seed_000_students_parses():
     assert s.views["v"].query.args["group"] is not None
 
 
-def test_seed_004_dedup_parses_and_names_row_number_as_not_there_yet():
+def test_seed_004_dedup_parses_and_other_ranking_functions_are_not_there_yet():
     s = parse_script(seed("seed_004_dedup.sql"), "dedup.sql")
     t = s.tables["table_name"]
     assert [c.name for c in t.columns] == ["id", "name", "ts", "pt"]
@@ -65,10 +65,11 @@ def test_seed_004_dedup_parses_and_names_row_number_as_not_there_yet():
     # Flink's ts - INTERVAL '1' SECOND is W = max - 1000 ms; ours adds -1 ms
     assert t.watermark.bound_ms == 999
     assert t.connector.reader_format == "maxwell-json"
+    rank = parse_script(seed("seed_004_dedup.sql").replace("ROW_NUMBER()", "DENSE_RANK()"))
     with pytest.raises(UnsupportedFeature) as e:
-        list(Translator(None, s).statements())
+        list(Translator(None, rank).statements())
     assert (e.value.line, e.value.col) == (23, 10)
-    assert "ROW_NUMBER() OVER (...) (deduplication and Top-N) is not supported yet" in str(e.value)
+    assert "DENSE_RANK() OVER (...) is not supported yet" in str(e.value)
 
 
 # --------------------------------------------------------------------------- dialect
@@ -156,11 +157,11 @@ def test_window_tvf_and_unknown_table_errors_at_translation():
             "'path' = 'x', 'format' = 'json', 'changelog.kind-column' = 'op');\n"
             "CREATE TABLE o (a BIGINT) WITH ('connector' = 'print');\n")
     tvf = parse_script(base + "INSERT INTO o SELECT id FROM\n"
-                       "  TABLE(TUMBLE(TABLE t, DESCRIPTOR(ts), INTERVAL '1' MINUTE));")
-    with pytest.raises(UnsupportedFeature) as e:
+                       "  TABLE(TUMBLE(t, DESCRIPTOR(ts), INTERVAL '1' MINUTE));")
+    with pytest.raises(SqlError) as e:
         list(Translator(None, tvf).statements())
-    assert (e.value.line, "window table function TUMBLE is not supported yet") == \
-        (4, e.value.message)
+    assert (e.value.line, e.value.col, e.value.message) == (
+        4, 16, "TUMBLE: the first argument is TABLE name")
     unknown = parse_script(base + "INSERT INTO nowhere SELECT id FROM t;")
     with pytest.raises(SqlError) as e:
         list(Translator(None, unknown).statements())
@@ -255,6 +256,18 @@ def test_progress_display_shows_operators_state_and_watermark():
     assert "RegularJoin" in text and "5,000" in text and "4,100" in text
     assert "batches 3" in text and "changes out 1,200" in text and "state rows 42" in text
     assert "watermark 1970-01-01T00:00:01.337+00:00" in text
+    assert "late" not in text                 # no window: no late column or line
+    # a window query: its late rows per operator, the window watermark and its lag
+    report.operators = {"WindowAggregate": {"rows_in": 9, "rows_out": 2, "late_rows": 1}}
+    report.late_rows = 1
+    report.event_time = {"watermark_ms": 60_000, "newest_event_ms": 120_000,
+                         "idle_partitions": ["p1"]}
+    buf = io.StringIO()
+    Console(file=buf, width=120).print(progress._render())
+    text = buf.getvalue()
+    assert "WindowAggregate" in text and "late" in text
+    assert ("window watermark 1970-01-01T00:01:00.000+00:00 (60.0 s behind)   late rows 1   "
+            "idle partitions 1") in text
 
 
 def test_join_condition_uses_three_valued_logic():

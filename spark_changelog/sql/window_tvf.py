@@ -1,0 +1,267 @@
+"""Window table functions: ``FROM TABLE(TUMBLE(TABLE t, DESCRIPTOR(ts),
+INTERVAL '1' MINUTE))`` and ``HOP``, ``CUMULATE``, ``SESSION`` (docs/sql.md,
+"Windows").
+
+``relation`` reads the call into a :class:`WindowCall` (the window of
+``model.windows``: ``tumble``/``hop``/``cumulate``/``session``) over the
+input relation, with ``window_start``, ``window_end`` and ``window_time``
+among its fields.  The enclosing ``SELECT`` then decides: ``GROUP BY
+window_start, window_end[, keys]`` is :meth:`WindowedStream.aggregate`, a
+plain ``SELECT`` the window table function alone
+(:meth:`WindowedStream.select`).  The ``SET`` options in force give the
+allowed lateness (``table.exec.emit.allow-lateness``) and the idle timeout
+(``table.exec.source.idle-timeout``).  Windows, their firing and lateness are
+the window operator's (docs/windows.md); nothing here re-states them.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Optional
+
+from sqlglot import exp
+
+from ..model.windows import cumulate, hop, session, tumble
+from ..plan.nodes import WINDOW_END, WINDOW_START
+from ..plan.rules import PlanError
+from .dialect import Descriptor, TableArgument
+from .errors import SqlError, UnsupportedFeature
+from .script import Position, interval_ms, node_position
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .translate import Relation, Translator
+
+WINDOW_TIME = "window_time"
+WINDOW_COLUMNS = (WINDOW_START, WINDOW_END, WINDOW_TIME)
+#: Flink 2.3's parameters per function (``OFFSET`` optional), positional order
+PARAMETERS = {"TUMBLE": ("DATA", "TIMECOL", "SIZE", "OFFSET"),
+              "HOP": ("DATA", "TIMECOL", "SLIDE", "SIZE", "OFFSET"),
+              "CUMULATE": ("DATA", "TIMECOL", "STEP", "SIZE", "OFFSET"),
+              "SESSION": ("DATA", "TIMECOL", "GAP")}
+#: Flink's window_time: the window's last millisecond (a time attribute there)
+WINDOW_TIME_SQL = f"`{WINDOW_END}` - INTERVAL 1 MILLISECOND"
+AGGREGATES = {exp.Count: "count", exp.Sum: "sum", exp.Min: "min", exp.Max: "max",
+              exp.Avg: "avg"}
+
+
+@dataclasses.dataclass(frozen=True)
+class WindowCall:
+    """A window table function over the relation's stream."""
+
+    name: str                   # TUMBLE, HOP, CUMULATE, SESSION
+    window: tuple               # (column, model.windows assigner)
+    partition: tuple            # SESSION's PARTITION BY columns
+    node: exp.Expr
+    position: Position
+
+
+def relation(tr: "Translator", fn: exp.Anonymous, alias: str, pos: Position) -> "Relation":
+    from .translate import Field, Relation
+    name = fn.name.upper()
+    fpos = node_position(fn, pos)
+    params = PARAMETERS[name]
+    args: dict = {}
+    for i, a in enumerate(fn.expressions):
+        if isinstance(a, exp.Kwarg):
+            key = a.this.name.upper()
+            if key not in params:
+                raise tr.script.error(f"{name} has no parameter {key} (parameters: "
+                                      f"{', '.join(params)})", node_position(a, pos))
+            args[key] = a.expression
+        elif i < len(params):
+            args[params[i]] = a
+        else:
+            raise tr.script.error(f"{name} takes at most {len(params)} arguments "
+                                  f"({', '.join(params)})", node_position(a, pos))
+    missing = [p for p in params if p != "OFFSET" and p not in args]
+    if missing:
+        raise tr.script.error(f"{name}(...) lacks {', '.join(missing)} ({name}("
+                              f"{', '.join(params)}))", fpos)
+    data = args["DATA"]
+    if not isinstance(data, TableArgument):
+        raise tr.script.error(f"{name}: the first argument is TABLE name", node_position(data, pos))
+    rel = tr.settled(tr.relation(data.this, pos))
+    descriptor = args["TIMECOL"]
+    if not isinstance(descriptor, Descriptor) or len(descriptor.expressions) != 1:
+        raise tr.script.error(f"{name}: the time column is DESCRIPTOR(column)",
+                              node_position(descriptor, pos))
+    col = exp.column(descriptor.expressions[0].copy())
+    col.meta.update(descriptor.expressions[0].meta)
+    field = tr._resolve(col, rel, pos)
+    t = rel.stream.traits
+    if field.column != t.time_attribute:
+        raise tr.script.error(
+            f"{name}: DESCRIPTOR({field.name}) must be the event-time attribute, a column with "
+            f"WATERMARK FOR {field.name} AS ... (the stream's is "
+            f"{t.time_attribute or 'not declared'}); processing-time windows are not supported "
+            "yet", node_position(descriptor, pos))
+
+    def duration(key: str) -> int:
+        node = args[key]
+        ms = interval_ms(node) if isinstance(node, exp.Interval) else None
+        if ms is None or (ms <= 0 and key != "OFFSET"):
+            raise tr.script.error(f"{name}: {key} is a positive INTERVAL 'n' unit (MILLISECOND, "
+                                  "SECOND, MINUTE, HOUR, DAY)", node_position(node, pos))
+        return ms
+
+    offset = duration("OFFSET") if "OFFSET" in args else 0
+    partition = ()
+    if data.args.get("partition_by"):
+        if name != "SESSION":
+            raise tr.script.error("PARTITION BY in the table argument is SESSION's",
+                                  node_position(data, pos))
+        partition = tuple(tr._resolve(c, rel, pos).column for c in data.args["partition_by"])
+    try:
+        if name == "TUMBLE":
+            window = tumble(field.column, duration("SIZE"), offset)
+        elif name == "HOP":
+            window = hop(field.column, duration("SLIDE"), duration("SIZE"), offset)
+        elif name == "CUMULATE":
+            window = cumulate(field.column, duration("STEP"), duration("SIZE"), offset)
+        else:
+            window = session(field.column, duration("GAP"))
+    except ValueError as e:
+        if isinstance(e, SqlError):
+            raise
+        raise tr.script.error(f"{name}: {e}", fpos) from None
+    call = WindowCall(name, window, partition, fn, fpos)
+    fields = rel.fields + tuple(Field(None, c, c) for c in WINDOW_COLUMNS)
+    out = Relation(rel.stream, fields, pending=call)
+    return out.requalified(alias) if alias else out
+
+
+def check_where(tr: "Translator", rel: "Relation", where: Optional[exp.Expr],
+                pos: Position) -> None:
+    """A ``WHERE`` over a window table function filters its input rows; the
+    window columns are not there yet."""
+    if where is None:
+        return
+    for c in where.find_all(exp.Column):
+        f = tr._find(c, rel)
+        if f is not None and f.column in WINDOW_COLUMNS:
+            raise tr._unsupported(f"a WHERE on {f.name} is not supported yet (filter the "
+                                  "window aggregate's result in an enclosing query)", c, pos)
+
+
+def _windowed(tr: "Translator", rel: "Relation"):
+    call: WindowCall = rel.pending
+    s = tr.settings
+    try:
+        return rel.stream.window(call.window, idle_timeout=s.idle_timeout_ms,
+                                 allowed_lateness=s.allow_lateness_ms)
+    except (PlanError, ValueError) as e:
+        if isinstance(e, SqlError):
+            raise
+        raise tr.script.error(f"{call.name}: {e}", call.position) from None
+
+
+def table_function(tr: "Translator", rel: "Relation", q: exp.Select, pos: Position) -> "Relation":
+    """The window table function alone: every row once per window."""
+    from .translate import Relation
+    call: WindowCall = rel.pending
+    if call.window[1].merging:
+        raise tr._unsupported("SESSION windows are only supported under GROUP BY window_start, "
+                              "window_end, <PARTITION BY columns>", call.node, pos)
+    stream = _windowed(tr, rel).select()
+    uses_time = any(tr._find(c, rel) is not None and tr._find(c, rel).column == WINDOW_TIME
+                    for item in q.expressions for c in item.find_all(exp.Column))
+    if uses_time:
+        stream = stream.with_column(WINDOW_TIME, WINDOW_TIME_SQL)
+    fields = tuple(f for f in rel.fields if uses_time or f.column != WINDOW_TIME)
+    return Relation(stream, fields)
+
+
+def aggregate(tr: "Translator", rel: "Relation", q: exp.Select, pos: Position) -> "Relation":
+    """``GROUP BY window_start, window_end[, keys]`` with COUNT, COUNT(DISTINCT),
+    SUM, MIN, MAX, AVG of a column: the window aggregate, then the select
+    list's order and names."""
+    from .translate import Field, Relation
+    call: WindowCall = rel.pending
+    group = q.args["group"]
+    keys, bounds = [], set()
+    for g in group.expressions:
+        if not isinstance(g, exp.Column):
+            raise tr._unsupported("GROUP BY takes columns (compute an expression in a view "
+                                  "first)", g, pos)
+        f = tr._resolve(g, rel, pos)
+        if f.column == WINDOW_TIME:
+            raise tr._unsupported("GROUP BY window_time is not supported yet (group by "
+                                  "window_start, window_end; window_time may be selected)", g, pos)
+        if f.column in (WINDOW_START, WINDOW_END):
+            bounds.add(f.column)
+        else:
+            keys.append(f.column)
+    gpos = tr._keyword_position(group, "GROUP", pos)
+    if bounds != {WINDOW_START, WINDOW_END}:
+        raise tr.script.error("a window aggregation groups by window_start and window_end (and "
+                              "optionally more columns)", gpos, UnsupportedFeature)
+    if call.window[1].merging:
+        if not call.partition:
+            raise tr._unsupported("SESSION without PARTITION BY (one global session) is not "
+                                  "supported yet: SESSION(TABLE t PARTITION BY k, ...)",
+                                  call.node, pos)
+        if set(call.partition) != set(keys):
+            raise tr.script.error("SESSION(TABLE t PARTITION BY ...): the GROUP BY columns "
+                                  "besides window_start and window_end must be the PARTITION BY "
+                                  "columns", gpos, UnsupportedFeature)
+    calls, named = {}, {}
+    for idx, item in enumerate(q.expressions):
+        alias = item.alias if isinstance(item, exp.Alias) else None
+        body = item.this if isinstance(item, exp.Alias) else item
+        if isinstance(body, exp.Column) and not isinstance(body.this, exp.Star):
+            f = tr._resolve(body, rel, pos)
+            if f.column == WINDOW_TIME:
+                named[alias or f.name] = WINDOW_TIME_SQL
+            elif f.column in keys or f.column in (WINDOW_START, WINDOW_END):
+                named[alias or f.name] = f.column
+            else:
+                raise tr.script.error(f"column {f.name!r} is neither grouped nor aggregated: add "
+                                      "it to GROUP BY or aggregate it", node_position(body, pos))
+        elif isinstance(body, exp.AggFunc):
+            name = alias or f"EXPR${idx}"
+            calls[name] = _call_text(tr, body, rel, pos)
+            named[name] = name
+        else:
+            raise tr._unsupported("in a window aggregation, a select item is window_start, "
+                                  "window_end, window_time, a group column or one aggregate "
+                                  "call (COUNT, COUNT(DISTINCT c), SUM, MIN, MAX, AVG of a "
+                                  "column)", body, pos)
+    if not calls:
+        raise tr.script.error("a window aggregation needs at least one aggregate (e.g. "
+                              "COUNT(*))", gpos, UnsupportedFeature)
+    kw = {"key_groups": tr.key_groups} if tr.key_groups else {}
+    try:
+        stream = _windowed(tr, rel).aggregate(by=keys, **kw, **calls)
+    except (PlanError, ValueError) as e:
+        if isinstance(e, SqlError):
+            raise
+        raise tr.script.error(f"window aggregation: {e}", gpos) from None
+    cols = tuple(stream.schema.columns)
+    if cols == tuple(named) and list(named) == list(named.values()):
+        return Relation(stream, tuple(Field(None, c, c) for c in cols))
+    stream = tr._select(stream, named, pos, q.expressions)
+    return Relation(stream, tuple(Field(None, n, n) for n in named))
+
+
+def _call_text(tr: "Translator", node: exp.AggFunc, rel: "Relation", pos: Position) -> str:
+    """``count(distinct u)``-style text of the window operator's aggregates."""
+    func = AGGREGATES.get(type(node))
+    arg = node.this
+    distinct = isinstance(arg, exp.Distinct)
+    if distinct:
+        arg = arg.expressions[0] if len(arg.expressions) == 1 else None
+    if func is None or (distinct and func != "count") or node.expressions:
+        raise tr._unsupported(f"{node.sql_name()} is not a window aggregate here (COUNT, "
+                              "COUNT(DISTINCT c), SUM, MIN, MAX, AVG of a column)", node, pos)
+    if isinstance(arg, exp.Star) and func == "count" and not distinct:
+        return "count(*)"
+    if not isinstance(arg, exp.Column) or isinstance(arg.this, exp.Star):
+        raise tr._unsupported("a window aggregate takes a column (compute an expression in a "
+                              "view first)", node, pos)
+    f = tr._resolve(arg, rel, pos)
+    if f.column in WINDOW_COLUMNS:
+        raise tr._unsupported(f"aggregating {f.name} is not supported", arg, pos)
+    return f"{func}({'distinct ' if distinct else ''}{f.column})"
+
+
+__all__ = ["WindowCall", "relation", "check_where", "table_function", "aggregate",
+           "WINDOW_COLUMNS", "WINDOW_TIME"]

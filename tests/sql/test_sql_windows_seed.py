@@ -1,0 +1,97 @@
+"""The watermark article's example (seed 002) as SQL: nine clicks, one-minute
+tumbling windows, a one-minute bound (``WATERMARK FOR rt AS rt - INTERVAL '1'
+MINUTE``), distinct users per window.  Streaming with one click per
+micro-batch fires the windows after the same arrivals as Flink 2.3
+(tests/fixtures/flink/windows.json) and puts the late ``User5 20:44:54`` in
+the late output; batch fires every window at the end of input, nothing late."""
+from __future__ import annotations
+
+import datetime as dt
+import os
+
+from changelog_data import load_fixture
+from sql_inputs import source_options, write_changelog
+from spark_changelog.cli import main
+from spark_changelog.runtime.late_output import read_late_rows
+from spark_changelog.sinks.changelog import read_changelog
+from spark_changelog.sinks.delta import read_table
+from spark_changelog.sql.script import parse_script
+from spark_changelog.sql.translate import Translator
+
+CASE = {c["name"]: c for c in load_fixture("flink/windows.json")["cases"]}[
+    "W_seed_tumble_count_distinct"]
+CLICKS = [vals for _, vals in CASE["inputs"]["T"]["rows"]]
+
+SCRIPT = """
+CREATE TABLE clicks (
+  u STRING, t BIGINT,
+  rt AS TO_TIMESTAMP_LTZ(t, 3),
+  WATERMARK FOR rt AS rt - INTERVAL '1' MINUTE
+) WITH ({source}, 'changelog.mode' = 'insert-only', 'source.max-files-per-trigger' = '1');
+CREATE TABLE per_minute (
+  window_start TIMESTAMP(3), window_end TIMESTAMP(3), users BIGINT, clicks BIGINT,
+  PRIMARY KEY (window_start, window_end) NOT ENFORCED
+) WITH ('connector' = 'delta', 'path' = '{out}');
+SET 'spark-changelog.late-output.path' = '{late}';
+INSERT INTO per_minute
+SELECT window_start, window_end, COUNT(DISTINCT u) AS users, COUNT(*) AS clicks
+FROM TABLE(TUMBLE(TABLE clicks, DESCRIPTOR(rt), INTERVAL '1' MINUTE))
+GROUP BY window_start, window_end;
+"""
+
+
+def hm(ts) -> str:
+    return ts.tz_convert(None).isoformat() if hasattr(ts, "tz_convert") else ts.isoformat()
+
+
+def run(spark, tmp_path, streaming: bool):
+    # one click per file, so one per micro-batch as Flink's recorder fed them
+    write_changelog(tmp_path / "in", ["u", "t"], ["STRING", "BIGINT"],
+                    [[("+I", vals, i)] for i, vals in enumerate(CLICKS)])
+    # Spark's file source reads the oldest files first: one second apart, in arrival order
+    for i, f in enumerate(sorted((tmp_path / "in").iterdir())):
+        os.utime(f, (1_600_000_000 + i, 1_600_000_000 + i))
+    script = parse_script(SCRIPT.format(source=source_options(tmp_path / "in"),
+                                        out=tmp_path / "out", late=tmp_path / "late"), "seed.sql")
+    tr = Translator(spark, script, streaming=streaming, key_groups=2)
+    (planned,), = [p for _, p in tr.statements() if p]
+    report = planned.run(checkpoint=str(tmp_path / "ck") if streaming else None,
+                         changelog_path=str(tmp_path / "log"))
+    table = sorted((hm(r.window_start), hm(r.window_end), int(r.users), int(r.clicks))
+                   for r in read_table(str(tmp_path / "out")).itertuples())
+    return report, table
+
+
+def test_seed_clicks_streaming_fire_after_flinks_arrivals_and_the_late_click(spark, tmp_path):
+    report, table = run(spark, tmp_path, streaming=True)
+    log = read_changelog(str(tmp_path / "log"))
+    fired = {int(b): sorted((op, hm(ws), hm(we), int(n), int(c)) for op, ws, we, n, c in zip(
+        part["op"], part["window_start"], part["window_end"], part["users"], part["clicks"]))
+        for b, part in log.groupby("_batch")}
+    want = {i: [(k, *v) for k, v in step] for i, step in enumerate(CASE["expected_steps"]) if step}
+    assert {b: rows for b, rows in fired.items() if rows} == want
+    # streaming fires what the watermark passed: 20:44 with User1 only, 20:45 with 3 users
+    assert table == [tuple(v) for _, v in CASE["expected"][:2]]
+    late = read_late_rows(str(tmp_path / "late"))
+    assert [(r["row"]["u"], dt.datetime.fromtimestamp(r["row"]["t"] / 1000, dt.timezone.utc)
+             .strftime("%H:%M:%S")) for r in late.to_dict("records")] == [("User5", "20:44:54")]
+    assert report.late_rows == 1
+    assert "WindowAggregate(groupBy=[], window=[TUMBLE(size=1 min)]" in report.plan
+
+
+def test_seed_clicks_batch_fire_every_window_nothing_late(spark, tmp_path, capsys):
+    report, table = run(spark, tmp_path, streaming=False)
+    # the end of input fires every window; User5 20:44:54 is not late in batch
+    assert table == [("2021-01-15T20:44:00", "2021-01-15T20:45:00", 2, 2),
+                     ("2021-01-15T20:45:00", "2021-01-15T20:46:00", 3, 3),
+                     ("2021-01-15T20:46:00", "2021-01-15T20:47:00", 2, 2),
+                     ("2021-01-15T20:47:00", "2021-01-15T20:48:00", 2, 2)]
+    assert report.late_rows == 0
+    # the same through `spark-changelog run --batch --late-output DIR`
+    text = SCRIPT.format(source=source_options(tmp_path / "in"), out=tmp_path / "cli",
+                         late=tmp_path / "unused")
+    (tmp_path / "seed.sql").write_text(text)
+    assert main(["run", str(tmp_path / "seed.sql"), "--batch", "--no-progress",
+                 "--late-output", str(tmp_path / "cli-late")]) == 0
+    assert "late rows" not in capsys.readouterr().err
+    assert len(read_table(str(tmp_path / "cli"))) == 4
