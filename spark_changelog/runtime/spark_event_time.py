@@ -99,8 +99,7 @@ def _project_and_pack(spec: EventTimeSpec, column: str, assigner: Optional[Windo
             side = kinds == METRICS_KIND
             data = t.filter(pa.array(~side)) if side.any() else t
             if data.num_rows:
-                parts = data.column(PART_COL).to_pylist()
-                pieces.append(batch_progress(data, spec, parts))
+                pieces.append(batch_progress(data, spec, data.column(PART_COL)))
                 projected = (assign_windows(data, column, assigner) if assigner is not None
                              else data)
                 data_parts.append(_conform(projected, row_schema))
