@@ -31,13 +31,13 @@ import pandas as pd
 import pyarrow as pa
 
 from ..model import KIND_COL
-from ..model.partition_watermarks import (FILE_PARTITIONS, SINGLE_PARTITION, EventTimeSpec,
+from ..model.partition_watermarks import (FILE_PARTITIONS, EventTimeSpec,
                                           PartitionWatermarks)
 from ..model.watermark import NO_WATERMARK
 from ..model.windows import WindowAssigner, assign_windows
 from ..operators.base import KeyedOperator
 from .event_time import batch_progress, run_event_time_batch
-from .spark_keyed import (DEFAULT_KEY_GROUPS, KEY_GROUP_COL, METRICS_GROUP, METRICS_KIND,
+from .spark_keyed import (KEY_GROUP_COL, METRICS_GROUP, METRICS_KIND,
                           KeyGroupProcessor, _arrow_input, _arrow_output,
                           _with_metrics, arrow_schema_of, output_schema_with_metrics,
                           spark_schema, split_upstream_metrics)
@@ -48,6 +48,8 @@ PART_COL = "_wm_partition"
 PROGRESS_COL = "_wm_progress"
 NOW_COL = "_wm_now"
 _HELPERS = (PART_COL, PROGRESS_COL, NOW_COL)
+#: key groups of an event-time operator unless the query says otherwise
+EVENT_TIME_KEY_GROUPS = 4
 #: the column of the packed rows (one Arrow IPC blob per key group and Spark partition)
 PACKED_COL = "rows"
 
@@ -64,6 +66,42 @@ def _key_groups_of(table: pa.Table, key, key_groups: int) -> np.ndarray:
         cols[k] = col.to_pandas()
     h = pd.util.hash_pandas_object(pd.DataFrame(cols), index=False).to_numpy()
     return (h % np.uint64(key_groups)).astype(np.int32)
+
+
+def _murmur3_int(value: int, seed: int = 42) -> int:
+    """Spark's ``hash()`` of an INT (Murmur3 x86 32-bit, seed 42): what its
+    hash partitioner places a row by."""
+    def rotl(x, r):
+        return ((x << r) | (x >> (32 - r))) & 0xFFFFFFFF
+    k = (value & 0xFFFFFFFF) * 0xCC9E2D51 & 0xFFFFFFFF
+    k = rotl(k, 15) * 0x1B873593 & 0xFFFFFFFF
+    h = rotl(seed ^ k, 13)
+    h = (h * 5 + 0xE6546B64) & 0xFFFFFFFF
+    h ^= 4
+    h ^= h >> 16
+    h = h * 0x85EBCA6B & 0xFFFFFFFF
+    h ^= h >> 13
+    h = h * 0xC2B2AE35 & 0xFFFFFFFF
+    h ^= h >> 16
+    return h - (1 << 32) if h >= 1 << 31 else h
+
+
+def spread_group_ids(key_groups: int) -> list:
+    """The ``_kg`` value of each key group: for group ``g`` the smallest
+    non-negative int whose ``pmod(hash(id), key_groups)`` is ``g``.  With
+    ``0 .. key_groups - 1`` Spark's hash partitioner put key groups 0 and 1
+    in the same one of two shuffle partitions (one core did all the work);
+    with these ids every shuffle partition count dividing ``key_groups``
+    gets the same number of groups.  The ids depend on ``key_groups`` only,
+    so a restart finds each group's state under the same id."""
+    ids = [None] * key_groups
+    i = 0
+    while any(x is None for x in ids):
+        g = _murmur3_int(i) % key_groups
+        if ids[g] is None:
+            ids[g] = i
+        i += 1
+    return ids
 
 
 def _pack(table: pa.Table) -> bytes:
@@ -99,7 +137,8 @@ def _project_and_pack(spec: EventTimeSpec, column: str, assigner: Optional[Windo
             side = kinds == METRICS_KIND
             data = t.filter(pa.array(~side)) if side.any() else t
             if data.num_rows:
-                pieces.append(batch_progress(data, spec, data.column(PART_COL)))
+                parts = data.column(PART_COL) if PART_COL in data.column_names else None
+                pieces.append(batch_progress(data, spec, parts))
                 projected = (assign_windows(data, column, assigner) if assigner is not None
                              else data)
                 data_parts.append(_conform(projected, row_schema))
@@ -132,11 +171,11 @@ def _project_and_pack(spec: EventTimeSpec, column: str, assigner: Optional[Windo
             # key and _seq itself)
             order = np.argsort(kg, kind="stable")
             bounds = np.searchsorted(kg[order], np.arange(key_groups + 1))
-            for g in range(key_groups):
+            for g, group_id in enumerate(spread_group_ids(key_groups)):
                 rows = data.take(pa.array(order[bounds[g]:bounds[g + 1]]))
                 # every key group gets the summary, also one without rows: it
                 # may have windows to fire
-                groups.append(g)
+                groups.append(group_id)
                 blobs.append(_pack(pa.concat_tables([rows, summary])))
         if groups:
             yield pa.record_batch([pa.array(groups, pa.int32()), pa.array(blobs, pa.binary())],
@@ -156,9 +195,11 @@ class EventTimeKeyGroupProcessor(KeyGroupProcessor):
     state ``watermarks``, JSON), checkpointed by Spark with the rest."""
 
     def __init__(self, operator: KeyedOperator, spec: EventTimeSpec, columns, growth: float,
-                 max_runs: int, time_zone: Optional[str] = None):
+                 max_runs: int, time_zone: Optional[str] = None, report_group: int = 0):
         super().__init__(operator, columns, growth, max_runs, time_zone)
         self.spec = spec
+        #: the key group (``_kg`` value) that reports the watermarks
+        self.report_group = report_group
 
     def init(self, handle) -> None:
         super().init(handle)
@@ -194,7 +235,7 @@ class EventTimeKeyGroupProcessor(KeyGroupProcessor):
         extra = {"state_rows": stack.size, "runs": len(stack.runs), "rows_written": written,
                  "cache_misses": misses, "seconds": time.perf_counter() - t0,
                  "watermark_ms": ctx.watermark_ms}
-        if int(key[0]) == 0:
+        if int(key[0]) == self.report_group:
             # every key group holds the same watermarks: one reports them
             batch_max = None if progress is None else int(progress["progress"].max())
             newest = max([p for p in [batch_max, *wms.table["progress"].tolist()]
@@ -235,30 +276,36 @@ def project_windows(df, column: str, assigner: WindowAssigner):
 
 def apply_event_time(df, operator: KeyedOperator, spec: EventTimeSpec, *,
                      assigner: Optional[WindowAssigner] = None,
-                     key_groups: int = DEFAULT_KEY_GROUPS, growth: float = 1.0,
+                     key_groups: Optional[int] = None, growth: float = 1.0,
                      max_runs: int = 8):
     """The event-time operator's output (plus metric rows) as a DataFrame:
     the window projection (``assigner`` on ``spec.column``) and the operator,
-    streaming with our own watermarks, or batch with the end of input."""
+    streaming with our own watermarks, or batch with the end of input.
+
+    ``key_groups`` (default :data:`EVENT_TIME_KEY_GROUPS`) is fixed for the
+    life of a checkpoint.  Rows cross to the Python step packed per key
+    group, so more key groups than cores only add calls (each a fixed cost)
+    without making any call cheaper."""
     from pyspark.sql import functions as F
-    if spec.partition is None:
-        part = F.lit(SINGLE_PARTITION)
-    elif spec.partition == FILE_PARTITIONS:
-        part = F.input_file_name()
-    else:
-        part = F.col(f"`{spec.partition}`").cast("string")
+    if key_groups is None:
+        key_groups = EVENT_TIME_KEY_GROUPS
     # in a streaming query current_timestamp() is the batch's timestamp, kept
     # in the offset log: a replayed batch sees the same processing time
-    src = (df.withColumn(PART_COL, part).withColumn(NOW_COL, F.current_timestamp())
-           .withColumn(PROGRESS_COL, F.lit(None).cast("long")))
+    src = df.withColumn(NOW_COL, F.current_timestamp())
+    if spec.partition == FILE_PARTITIONS:
+        src = src.withColumn(PART_COL, F.input_file_name())
+    elif spec.partition is not None:
+        src = src.withColumn(PART_COL, F.col(f"`{spec.partition}`").cast("string"))
+    # (one source partition: no column, the Arrow pass knows)
     in_schema = arrow_schema_of(src)
-    fields = list(in_schema)
+    fields = [f for f in in_schema if f.name != PART_COL]
+    fields += [pa.field(PART_COL, pa.string()), pa.field(PROGRESS_COL, pa.int64())]
     if assigner is not None:
         ts = pa.timestamp("us", tz="UTC")
         pos = [f.name for f in fields].index(KIND_COL)
         fields[pos:pos] = [pa.field("window_start", ts), pa.field("window_end", ts)]
     row_schema = pa.schema(fields)
-    # the operator sees the columns without the helpers
+    # the packed rows' columns (the processor drops the helpers)
     columns = [f.name for f in row_schema]
     packed_schema = pa.schema([pa.field(KEY_GROUP_COL, pa.int32()),
                                pa.field(PACKED_COL, pa.binary())])
@@ -270,7 +317,7 @@ def apply_event_time(df, operator: KeyedOperator, spec: EventTimeSpec, *,
     grouped = packed.groupBy(KEY_GROUP_COL)
     if df.isStreaming:
         processor = EventTimeKeyGroupProcessor(operator, spec, columns, growth, max_runs,
-                                               time_zone)
+                                               time_zone, spread_group_ids(key_groups)[0])
         return grouped.transformWithStateInPandas(
             statefulProcessor=processor, outputStructType=out_schema, outputMode="Append",
             timeMode="None")
