@@ -49,7 +49,7 @@ PROGRESS_COL = "_wm_progress"
 NOW_COL = "_wm_now"
 _HELPERS = (PART_COL, PROGRESS_COL, NOW_COL)
 #: key groups of an event-time operator unless the query says otherwise
-EVENT_TIME_KEY_GROUPS = 4
+EVENT_TIME_KEY_GROUPS = 2
 #: the column of the packed rows (one Arrow IPC blob per key group and Spark partition)
 PACKED_COL = "rows"
 
