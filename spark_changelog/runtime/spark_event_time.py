@@ -9,7 +9,10 @@ not use Spark's watermark at all (``timeMode="None"``, no timers):
    projection of :mod:`~spark_changelog.model.windows`) and
    summarises, per Spark partition, the progress each *source* partition's
    rows prove; the summary rows (``_kind = -2``) are copied to every key
-   group, like Flink broadcasting watermarks to every downstream channel;
+   group, like Flink broadcasting watermarks to every downstream channel.
+   Each key group's rows and the summary leave the pass as one row (a
+   compressed Arrow IPC blob): Spark then shuffles and hands over a few rows
+   per micro-batch instead of converting and sorting every input row;
 2. ``transformWithStateInPandas`` groups by key group: each key group gets
    its data rows and the whole batch's summary rows, so every key group
    computes the same per-partition watermarks from the same state, keeps a
