@@ -31,6 +31,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from .watermark import NO_WATERMARK, WatermarkGenerator
 
@@ -126,14 +128,27 @@ def _table(p, g, w, a, x) -> pd.DataFrame:
 
 def summarize(partitions: Sequence, progress: np.ndarray) -> pd.DataFrame:
     """Per partition, the maximum progress of a batch (or a piece of one):
-    columns ``partition``, ``progress``.  Pieces combine by :func:`summarize`
-    again (maximum), in any order."""
+    columns ``partition``, ``progress``.  ``partitions``: each row's
+    partition, a sequence or an Arrow string array (null: the single one).
+    Pieces combine by :func:`summarize` again (maximum), in any order."""
     progress = np.asarray(progress, dtype=np.int64)
     if not len(progress):
         return pd.DataFrame({"partition": pd.Series([], dtype=object),
                              "progress": np.zeros(0, dtype=np.int64)})
-    codes, names = pd.factorize(pd.Series(partitions, dtype=object).fillna(SINGLE_PARTITION),
-                                sort=True)
+    if isinstance(partitions, pa.ChunkedArray):
+        partitions = partitions.combine_chunks()
+    if isinstance(partitions, pa.Array):
+        # a runtime's Arrow column: encoded without a Python object per row
+        enc = pc.fill_null(partitions.cast(pa.string()), SINGLE_PARTITION).dictionary_encode()
+        dictionary = enc.dictionary.to_pylist()
+        order = np.argsort(np.asarray(dictionary, dtype=object), kind="stable")
+        rank = np.empty(len(order), dtype=np.int64)
+        rank[order] = np.arange(len(order))
+        codes = rank[enc.indices.to_numpy(zero_copy_only=False)]
+        names = [dictionary[i] for i in order]
+    else:
+        codes, names = pd.factorize(pd.Series(partitions, dtype=object).fillna(SINGLE_PARTITION),
+                                    sort=True)
     best = np.full(len(names), NO_WATERMARK, dtype=np.int64)
     np.maximum.at(best, codes, progress)
     return pd.DataFrame({"partition": pd.Series(list(names), dtype=object), "progress": best})

@@ -88,6 +88,16 @@ class OpContext:
     watermark_ms: Optional[int] = None
     metrics: Metrics = dataclasses.field(default_factory=Metrics)
     next_seq: int = 0
+    #: set by an event-time runtime that processes a batch's rows and fires at
+    #: the watermark after the batch (``watermark_ms``) in one call: the
+    #: watermark at the rows' arrival (``None``: there was none yet)
+    arrival_watermark_ms: Optional[int] = None
+    arrival_differs: bool = False
+
+    @property
+    def arrival_watermark(self) -> Optional[int]:
+        """The watermark a row is judged late by (docs/windows.md)."""
+        return self.arrival_watermark_ms if self.arrival_differs else self.watermark_ms
 
     def allocate_seq(self, n: int) -> np.ndarray:
         """``n`` consecutive output sequence numbers, in emission order."""

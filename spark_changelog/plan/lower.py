@@ -147,8 +147,7 @@ def _window_aggregate(node: WindowAggregate) -> Lowered:
     cls = SessionWindowAggregate if tvf.window.merging else WindowAggregateOp
     op = cls(projected, node.group_keys, [AggCall(*a) for a in node.aggregates],
              allowed_lateness_ms=node.allowed_lateness_ms, time_column=tvf.column)
-    out = apply_event_time(inp.df, op, tvf.spec, assigner=tvf.window,
-                           key_groups=node.key_groups or DEFAULT_KEY_GROUPS)
+    out = apply_event_time(inp.df, op, tvf.spec, assigner=tvf.window, key_groups=node.key_groups)
     return Lowered(out, inp.operators + (op,))
 
 

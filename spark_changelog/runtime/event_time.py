@@ -5,14 +5,15 @@ Every runtime runs an event-time operator (the window aggregate) the same way:
 1. the batch's rows prove progress per source partition
    (:func:`batch_progress`: the watermark generator's ``on_events``, maximum
    per partition);
-2. the rows are processed with the watermark *before* the batch (the
-   watermark current at their arrival: it decides what is late);
-3. the periodic tick (:func:`~spark_changelog.model.partition_watermarks.advance`)
+2. the periodic tick (:func:`~spark_changelog.model.partition_watermarks.advance`)
    moves the per-partition watermarks, idleness and the combined watermark;
-4. the operator's due state fires at the combined watermark *after* the
-   batch (``on_watermark``).
+3. the rows are processed in one operator call with two watermarks: the one
+   *before* the batch (current at their arrival: it decides what is late,
+   ``OpContext.arrival_watermark_ms``) and the combined watermark *after*
+   the batch, at which due state fires (a window whose rows all arrive in
+   the batch that passes its end is fired without ever being stored).
 
-The Spark runtime (:mod:`.spark_event_time`) runs 2-4 once per key group
+The Spark runtime (:mod:`.spark_event_time`) runs 2-3 once per key group
 with a copy of the watermark state in each key group's checkpointed state;
 :class:`LocalEventTimeRunner` runs them in-process (tests, the reference).
 """
@@ -24,13 +25,13 @@ from typing import Optional, Sequence
 import pandas as pd
 import pyarrow as pa
 
-from ..model.partition_watermarks import (FILE_PARTITIONS, SINGLE_PARTITION, EventTimeSpec,
+from ..model.partition_watermarks import (FILE_PARTITIONS, EventTimeSpec,
                                           PartitionWatermarks, advance, summarize)
 from ..model.watermark import END_OF_INPUT_MS
 from ..model.windows import event_ms_of
 from ..operators.base import KeyedOperator, Metrics, OpContext
 from .keygroup import fire_watermark, process_key_group
-from .state_runs import RunStack, concat_rows
+from .state_runs import RunStack
 
 
 def batch_progress(table: pa.Table, spec: EventTimeSpec,
@@ -42,7 +43,7 @@ def batch_progress(table: pa.Table, spec: EventTimeSpec,
     progress = spec.generator.on_events(ev, table)
     if partitions is None:
         if spec.partition is None:
-            partitions = [SINGLE_PARTITION] * table.num_rows
+            partitions = pa.nulls(table.num_rows, pa.string())
         elif spec.partition == FILE_PARTITIONS:
             raise ValueError("per-file watermarks need each row's file (the Spark runtime "
                              "passes it)")
@@ -62,17 +63,18 @@ def run_event_time_batch(operator: KeyedOperator, stack: RunStack, rows: pd.Data
     replayed state read).  Returns the output, the new watermark state and
     the context (metrics, ``next_seq``, ``watermark_ms`` after the batch)."""
     before = watermarks.combined_or_none
-    ctx = OpContext(processing_time_ms=processing_time_ms, watermark_ms=before, next_seq=next_seq)
-    outs = []
-    if len(rows):
-        outs.append(process_key_group(operator, stack, rows, ctx))
     if progress is not None:
         watermarks = advance(watermarks, progress, processing_time_ms, spec)
     after = END_OF_INPUT_MS if end_of_input else watermarks.combined_or_none
-    ctx.watermark_ms = after
-    if after is not None and after != before:
-        outs.append(fire_watermark(operator, stack, ctx))
-    out = concat_rows(outs) if outs else operator.empty_output()
+    ctx = OpContext(processing_time_ms=processing_time_ms, watermark_ms=after, next_seq=next_seq,
+                    arrival_watermark_ms=before, arrival_differs=True)
+    if len(rows):
+        # fires the group's due keys too (process_key_group hands them over)
+        out = process_key_group(operator, stack, rows, ctx)
+    elif after is not None and after != before:
+        out = fire_watermark(operator, stack, ctx)
+    else:
+        out = operator.empty_output()
     return out, watermarks, ctx
 
 

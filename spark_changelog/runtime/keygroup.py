@@ -33,7 +33,14 @@ def is_sorted(rows: pd.DataFrame, columns) -> bool:
     tied = np.ones(len(rows) - 1, dtype=bool)
     try:
         for c in columns:
-            v = rows[c].to_numpy()
+            col = rows[c]
+            if isinstance(col.dtype, pd.DatetimeTZDtype):
+                # to_numpy() would box every value as a Timestamp object
+                if col.isna().any():
+                    return False
+                v = col.array.asi8
+            else:
+                v = col.to_numpy()
             if v.dtype == object or v.dtype.kind == "f":
                 if pd.isna(v).any():
                     return False

@@ -9,7 +9,10 @@ not use Spark's watermark at all (``timeMode="None"``, no timers):
    projection of :mod:`~spark_changelog.model.windows`) and
    summarises, per Spark partition, the progress each *source* partition's
    rows prove; the summary rows (``_kind = -2``) are copied to every key
-   group, like Flink broadcasting watermarks to every downstream channel;
+   group, like Flink broadcasting watermarks to every downstream channel.
+   Each key group's rows and the summary leave the pass as one row (a
+   compressed Arrow IPC blob): Spark then shuffles and hands over a few rows
+   per micro-batch instead of converting and sorting every input row;
 2. ``transformWithStateInPandas`` groups by key group: each key group gets
    its data rows and the whole batch's summary rows, so every key group
    computes the same per-partition watermarks from the same state, keeps a
@@ -31,14 +34,14 @@ import pandas as pd
 import pyarrow as pa
 
 from ..model import KIND_COL
-from ..model.partition_watermarks import (FILE_PARTITIONS, SINGLE_PARTITION, EventTimeSpec,
+from ..model.partition_watermarks import (FILE_PARTITIONS, EventTimeSpec,
                                           PartitionWatermarks)
 from ..model.watermark import NO_WATERMARK
 from ..model.windows import WindowAssigner, assign_windows
 from ..operators.base import KeyedOperator
 from .event_time import batch_progress, run_event_time_batch
-from .spark_keyed import (DEFAULT_KEY_GROUPS, KEY_GROUP_COL, METRICS_GROUP, METRICS_KIND,
-                          KeyGroupProcessor, _arrow_input, _arrow_output, _input_frame,
+from .spark_keyed import (KEY_GROUP_COL, METRICS_GROUP, METRICS_KIND,
+                          KeyGroupProcessor, _arrow_input, _arrow_output,
                           _with_metrics, arrow_schema_of, output_schema_with_metrics,
                           spark_schema, split_upstream_metrics)
 
@@ -47,16 +50,85 @@ PROGRESS_KIND = -2
 PART_COL = "_wm_partition"
 PROGRESS_COL = "_wm_progress"
 NOW_COL = "_wm_now"
-SUMMARY_GROUP_COL = "_wm_kg"
-_HELPERS = (PART_COL, PROGRESS_COL, NOW_COL, SUMMARY_GROUP_COL)
+_HELPERS = (PART_COL, PROGRESS_COL, NOW_COL)
+#: key groups of an event-time operator unless the query says otherwise
+EVENT_TIME_KEY_GROUPS = 2
+#: the column of the packed rows (one Arrow IPC blob per key group and Spark partition)
+PACKED_COL = "rows"
 
 
-def _project_and_summarise(spec: EventTimeSpec, column: str, assigner: Optional[WindowAssigner],
-                           key_groups: int, out_schema: pa.Schema):
-    """The ``mapInArrow`` function of step 1 (module docstring)."""
+def _key_groups_of(table: pa.Table, key, key_groups: int) -> np.ndarray:
+    """Each row's key group: a hash of its operator key, the same in every
+    process and run (pandas' fixed-key SipHash), so a key's state stays in
+    its key group across restarts."""
+    cols = {}
+    for k in key:
+        col = table.column(k)
+        if pa.types.is_timestamp(col.type):
+            col = col.cast(pa.int64())
+        cols[k] = col.to_pandas()
+    h = pd.util.hash_pandas_object(pd.DataFrame(cols), index=False).to_numpy()
+    return (h % np.uint64(key_groups)).astype(np.int32)
+
+
+def _murmur3_int(value: int, seed: int = 42) -> int:
+    """Spark's ``hash()`` of an INT (Murmur3 x86 32-bit, seed 42): what its
+    hash partitioner places a row by."""
+    def rotl(x, r):
+        return ((x << r) | (x >> (32 - r))) & 0xFFFFFFFF
+    k = (value & 0xFFFFFFFF) * 0xCC9E2D51 & 0xFFFFFFFF
+    k = rotl(k, 15) * 0x1B873593 & 0xFFFFFFFF
+    h = rotl(seed ^ k, 13)
+    h = (h * 5 + 0xE6546B64) & 0xFFFFFFFF
+    h ^= 4
+    h ^= h >> 16
+    h = h * 0x85EBCA6B & 0xFFFFFFFF
+    h ^= h >> 13
+    h = h * 0xC2B2AE35 & 0xFFFFFFFF
+    h ^= h >> 16
+    return h - (1 << 32) if h >= 1 << 31 else h
+
+
+def spread_group_ids(key_groups: int) -> list:
+    """The ``_kg`` value of each key group: for group ``g`` the smallest
+    non-negative int whose ``pmod(hash(id), key_groups)`` is ``g``.  With
+    ``0 .. key_groups - 1`` Spark's hash partitioner put key groups 0 and 1
+    in the same one of two shuffle partitions (one core did all the work);
+    with these ids every shuffle partition count dividing ``key_groups``
+    gets the same number of groups.  The ids depend on ``key_groups`` only,
+    so a restart finds each group's state under the same id."""
+    ids = [None] * key_groups
+    i = 0
+    while any(x is None for x in ids):
+        g = _murmur3_int(i) % key_groups
+        if ids[g] is None:
+            ids[g] = i
+        i += 1
+    return ids
+
+
+def _pack(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema,
+                           options=pa.ipc.IpcWriteOptions(compression="lz4")) as w:
+        w.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def unpack(blobs) -> pa.Table:
+    """The rows :func:`_project_and_pack` packed, as one Arrow table."""
+    return pa.concat_tables([pa.ipc.open_stream(pa.BufferReader(b)).read_all() for b in blobs])
+
+
+def _project_and_pack(spec: EventTimeSpec, column: str, assigner: Optional[WindowAssigner],
+                      key, key_groups: int, row_schema: pa.Schema):
+    """The ``mapInArrow`` function of step 1 (module docstring): per key
+    group, one output row holding all of this Spark partition's rows of the
+    group plus the whole partition's progress summary, as one compressed
+    Arrow IPC blob (``row_schema``)."""
 
     def fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        pieces = []
+        pieces, data_parts, side_parts = [], [], []
         now = None
         for rb in batches:
             t = pa.Table.from_batches([rb])
@@ -68,34 +140,49 @@ def _project_and_summarise(spec: EventTimeSpec, column: str, assigner: Optional[
             side = kinds == METRICS_KIND
             data = t.filter(pa.array(~side)) if side.any() else t
             if data.num_rows:
-                parts = data.column(PART_COL).to_pylist()
+                parts = data.column(PART_COL) if PART_COL in data.column_names else None
                 pieces.append(batch_progress(data, spec, parts))
                 projected = (assign_windows(data, column, assigner) if assigner is not None
                              else data)
-                yield from _conform(projected, out_schema).to_batches()
+                data_parts.append(_conform(projected, row_schema))
             if side.any():
-                yield from _conform(t.filter(pa.array(side)), out_schema).to_batches()
+                side_parts.append(_conform(t.filter(pa.array(side)), row_schema))
+        groups, blobs = [], []
+        if side_parts:
+            groups.append(METRICS_GROUP)
+            blobs.append(_pack(pa.concat_tables(side_parts)))
         if pieces:
             prog = pd.concat(pieces, ignore_index=True)
             prog = prog.groupby("partition", sort=True)["progress"].max().reset_index()
             n = len(prog)
-            groups = np.repeat(np.arange(key_groups, dtype=np.int32), n)
             cols = {}
-            for f in out_schema:
+            for f in row_schema:
                 if f.name == KIND_COL:
-                    cols[f.name] = pa.array(np.full(n * key_groups, PROGRESS_KIND, np.int8))
+                    cols[f.name] = pa.array(np.full(n, PROGRESS_KIND, np.int8))
                 elif f.name == PART_COL:
-                    cols[f.name] = pa.array(np.tile(prog["partition"].to_numpy(object), key_groups),
-                                            pa.string())
+                    cols[f.name] = pa.array(prog["partition"].to_numpy(object), pa.string())
                 elif f.name == PROGRESS_COL:
-                    cols[f.name] = pa.array(np.tile(prog["progress"].to_numpy(np.int64), key_groups))
-                elif f.name == SUMMARY_GROUP_COL:
-                    cols[f.name] = pa.array(groups)
+                    cols[f.name] = pa.array(prog["progress"].to_numpy(np.int64))
                 elif f.name == NOW_COL:
-                    cols[f.name] = pa.array([now.as_py()] * (n * key_groups), f.type)
+                    cols[f.name] = pa.array([now.as_py()] * n, f.type)
                 else:
-                    cols[f.name] = pa.nulls(n * key_groups, f.type)
-            yield from pa.table(cols, schema=out_schema).to_batches()
+                    cols[f.name] = pa.nulls(n, f.type)
+            summary = pa.table(cols, schema=row_schema)
+            data = pa.concat_tables(data_parts)
+            kg = _key_groups_of(data, key, key_groups)
+            # rows of one group together, in input order (the operator sorts by
+            # key and _seq itself)
+            order = np.argsort(kg, kind="stable")
+            bounds = np.searchsorted(kg[order], np.arange(key_groups + 1))
+            for g, group_id in enumerate(spread_group_ids(key_groups)):
+                rows = data.take(pa.array(order[bounds[g]:bounds[g + 1]]))
+                # every key group gets the summary, also one without rows: it
+                # may have windows to fire
+                groups.append(group_id)
+                blobs.append(_pack(pa.concat_tables([rows, summary])))
+        if groups:
+            yield pa.record_batch([pa.array(groups, pa.int32()), pa.array(blobs, pa.binary())],
+                                  names=[KEY_GROUP_COL, PACKED_COL])
 
     return fn
 
@@ -111,9 +198,11 @@ class EventTimeKeyGroupProcessor(KeyGroupProcessor):
     state ``watermarks``, JSON), checkpointed by Spark with the rest."""
 
     def __init__(self, operator: KeyedOperator, spec: EventTimeSpec, columns, growth: float,
-                 max_runs: int, time_zone: Optional[str] = None):
+                 max_runs: int, time_zone: Optional[str] = None, report_group: int = 0):
         super().__init__(operator, columns, growth, max_runs, time_zone)
         self.spec = spec
+        #: the key group (``_kg`` value) that reports the watermarks
+        self.report_group = report_group
 
     def init(self, handle) -> None:
         super().init(handle)
@@ -121,7 +210,9 @@ class EventTimeKeyGroupProcessor(KeyGroupProcessor):
 
     def handleInputRows(self, key, rows, timerValues) -> Iterator[pd.DataFrame]:
         op = self.operator
-        pdf = _input_frame(rows, self.columns, self.time_zone)
+        # the packed column is the last (Spark renames columns starting with "_")
+        blobs = [b for frame in rows for b in frame.iloc[:, -1]]
+        pdf = _arrow_input(unpack(blobs), self.columns, self.time_zone)
         pdf, passed = split_upstream_metrics(pdf, op)
         if passed is not None:
             yield passed
@@ -147,7 +238,7 @@ class EventTimeKeyGroupProcessor(KeyGroupProcessor):
         extra = {"state_rows": stack.size, "runs": len(stack.runs), "rows_written": written,
                  "cache_misses": misses, "seconds": time.perf_counter() - t0,
                  "watermark_ms": ctx.watermark_ms}
-        if int(key[0]) == 0:
+        if int(key[0]) == self.report_group:
             # every key group holds the same watermarks: one reports them
             batch_max = None if progress is None else int(progress["progress"].max())
             newest = max([p for p in [batch_max, *wms.table["progress"].tolist()]
@@ -188,52 +279,57 @@ def project_windows(df, column: str, assigner: WindowAssigner):
 
 def apply_event_time(df, operator: KeyedOperator, spec: EventTimeSpec, *,
                      assigner: Optional[WindowAssigner] = None,
-                     key_groups: int = DEFAULT_KEY_GROUPS, growth: float = 1.0,
+                     key_groups: Optional[int] = None, growth: float = 1.0,
                      max_runs: int = 8):
     """The event-time operator's output (plus metric rows) as a DataFrame:
     the window projection (``assigner`` on ``spec.column``) and the operator,
-    streaming with our own watermarks, or batch with the end of input."""
+    streaming with our own watermarks, or batch with the end of input.
+
+    ``key_groups`` (default :data:`EVENT_TIME_KEY_GROUPS`) is fixed for the
+    life of a checkpoint.  Rows cross to the Python step packed per key
+    group, so more key groups than cores only add calls (each a fixed cost)
+    without making any call cheaper."""
     from pyspark.sql import functions as F
-    if spec.partition is None:
-        part = F.lit(SINGLE_PARTITION)
-    elif spec.partition == FILE_PARTITIONS:
-        part = F.input_file_name()
-    else:
-        part = F.col(f"`{spec.partition}`").cast("string")
+    if key_groups is None:
+        key_groups = EVENT_TIME_KEY_GROUPS
     # in a streaming query current_timestamp() is the batch's timestamp, kept
     # in the offset log: a replayed batch sees the same processing time
-    src = (df.withColumn(PART_COL, part).withColumn(NOW_COL, F.current_timestamp())
-           .withColumn(PROGRESS_COL, F.lit(None).cast("long"))
-           .withColumn(SUMMARY_GROUP_COL, F.lit(None).cast("int")))
+    src = df.withColumn(NOW_COL, F.current_timestamp())
+    if spec.partition == FILE_PARTITIONS:
+        src = src.withColumn(PART_COL, F.input_file_name())
+    elif spec.partition is not None:
+        src = src.withColumn(PART_COL, F.col(f"`{spec.partition}`").cast("string"))
+    # (one source partition: no column, the Arrow pass knows)
     in_schema = arrow_schema_of(src)
-    out_fields = [f for f in in_schema if f.name not in _HELPERS]
+    fields = [f for f in in_schema if f.name != PART_COL]
+    fields += [pa.field(PART_COL, pa.string()), pa.field(PROGRESS_COL, pa.int64())]
     if assigner is not None:
         ts = pa.timestamp("us", tz="UTC")
-        pos = [f.name for f in out_fields].index(KIND_COL)
-        out_fields[pos:pos] = [pa.field("window_start", ts), pa.field("window_end", ts)]
-    out_fields += [in_schema.field(h) for h in _HELPERS]
-    arrow_out = pa.schema(out_fields)
-    projected = src.mapInArrow(_project_and_summarise(spec, spec.column, assigner, key_groups,
-                                                      arrow_out), spark_schema(arrow_out))
-    group = F.pmod(F.hash(*[F.col(f"`{k}`") for k in operator.key]), F.lit(key_groups))
-    kg = (F.when(F.col(KIND_COL) == F.lit(PROGRESS_KIND), F.col(SUMMARY_GROUP_COL))
-          .when(F.col(KIND_COL) == F.lit(METRICS_KIND), F.lit(METRICS_GROUP)).otherwise(group))
-    keyed = projected.withColumn(KEY_GROUP_COL, kg)
+        pos = [f.name for f in fields].index(KIND_COL)
+        fields[pos:pos] = [pa.field("window_start", ts), pa.field("window_end", ts)]
+    row_schema = pa.schema(fields)
+    # the packed rows' columns (the processor drops the helpers)
+    columns = [f.name for f in row_schema]
+    packed_schema = pa.schema([pa.field(KEY_GROUP_COL, pa.int32()),
+                               pa.field(PACKED_COL, pa.binary())])
+    packed = src.mapInArrow(_project_and_pack(spec, spec.column, assigner, operator.key,
+                                              key_groups, row_schema),
+                            spark_schema(packed_schema))
     out_schema = spark_schema(output_schema_with_metrics(operator))
     time_zone = df.sparkSession.conf.get("spark.sql.session.timeZone")
-    grouped = keyed.groupBy(KEY_GROUP_COL)
+    grouped = packed.groupBy(KEY_GROUP_COL)
     if df.isStreaming:
-        processor = EventTimeKeyGroupProcessor(operator, spec, keyed.columns, growth, max_runs,
-                                               time_zone)
+        processor = EventTimeKeyGroupProcessor(operator, spec, columns, growth, max_runs,
+                                               time_zone, spread_group_ids(key_groups)[0])
         return grouped.transformWithStateInPandas(
             statefulProcessor=processor, outputStructType=out_schema, outputMode="Append",
             timeMode="None")
 
     from .state_runs import RunStack
-    columns = keyed.columns
 
     def run_group(table: pa.Table) -> pa.Table:
-        pdf, passed = split_upstream_metrics(_arrow_input(table, columns, time_zone), operator)
+        rows = unpack(table.column(PACKED_COL).to_pylist())
+        pdf, passed = split_upstream_metrics(_arrow_input(rows, columns, time_zone), operator)
         kinds = pdf[KIND_COL].to_numpy(dtype=np.int64) if len(pdf) else np.zeros(0)
         data = pdf[kinds != PROGRESS_KIND].drop(columns=list(_HELPERS)).reset_index(drop=True)
         if data.empty:   # only summary rows (every key group gets them) or side rows

@@ -17,7 +17,8 @@ multiset (a value's multiplicity as its sign), so windows and GROUP BY agree
 on every function and result type.  ``FIRST_VALUE``/``LAST_VALUE`` need
 arrival order, which a multiset does not keep: not offered here.
 
-Timing (the watermark in ``ctx.watermark_ms``):
+Timing (rows are judged by the watermark at their arrival,
+``ctx.arrival_watermark``; windows fire at ``ctx.watermark_ms``):
 
 * a window fires (``+I`` of its result) once the watermark reaches
   ``end - 1``;
@@ -30,9 +31,11 @@ Timing (the watermark in ``ctx.watermark_ms``):
   window, as in Flink's window operator: a row behind the watermark whose
   window has not fired yet is simply added to it.
 
-The runtime calls :meth:`process` with the watermark at the rows' arrival
-(the one before their micro-batch) and then, via ``on_watermark``, with the
-watermark after the batch; an end of input is the watermark
+The event-time runtime calls :meth:`process` once per batch with both
+watermarks: the one at the rows' arrival (before their micro-batch) judges
+lateness, the one after the batch fires windows, so a window opened and fired
+within one batch never enters the state; ``on_watermark`` fires windows of
+key groups without rows.  An end of input is the watermark
 ``END_OF_INPUT_MS`` (everything fires, nothing is late).
 """
 from __future__ import annotations
@@ -197,7 +200,7 @@ class WindowAggregate(KeyedOperator):
                 f"{self.name} accepts insert-only input; got a {RowKind(int(kinds[i])).short} "
                 f"row: {rows.iloc[i].drop([KIND_COL]).to_dict()} (normalize or aggregate the "
                 f"changelog first)")
-        wm = ctx.watermark_ms
+        wm = ctx.arrival_watermark
         no_time = rows[WINDOW_END].isna().to_numpy()
         if no_time.any():
             self._late(rows[no_time], ctx, "the event time is null: the row falls in no window")
@@ -231,7 +234,7 @@ class WindowAggregate(KeyedOperator):
                 "event_time_ms": None if times[i] is None or times[i] == np.iinfo(np.int64).min
                 else int(times[i]),
                 "window_start_ms": bounds[0][i], "window_end_ms": bounds[1][i],
-                "watermark_ms": ctx.watermark_ms, "seq": int(seqs[i]), "reason": reason})
+                "watermark_ms": ctx.arrival_watermark, "seq": int(seqs[i]), "reason": reason})
 
     def _step(self, state: pd.DataFrame, rows: Optional[pd.DataFrame], ctx: OpContext):
         key = list(self.window_key)
