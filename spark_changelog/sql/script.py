@@ -65,6 +65,8 @@ SETTINGS = {
     "table.exec.state.ttl": None,
     "table.exec.sink.require-on-conflict": ("true", "false"),
     "execution.runtime-mode": ("streaming", "batch"),
+    # micro-batch folding (ChangelogStream.with_mini_batch); Spark's trigger is the batch
+    "table.exec.mini-batch.enabled": ("true", "false"),
 }
 
 #: Spark SQL type of a Flink type where the spelling differs
