@@ -133,6 +133,15 @@ class KeyedOperator(abc.ABC):
 
     # -- event time (operators that wait for the watermark) -------------------
     @property
+    def state_is_seen_keys(self) -> bool:
+        """True when the operator's whole cross-batch state is the set of keys
+        seen in earlier micro-batches, and a seen key's later rows are dropped:
+        ``process`` on an empty state then gives a batch's output up to those
+        drops.  A streaming runtime may keep that set in Spark's own
+        deduplication state (``spark_keyed.apply_seen_keys``)."""
+        return False
+
+    @property
     def uses_watermark(self) -> bool:
         """True when state waits for the watermark: the runtime then passes the
         watermark and runs a timer per key group (``fire_watermark``)."""
