@@ -133,6 +133,19 @@ class KeyedOperator(abc.ABC):
 
     # -- event time (operators that wait for the watermark) -------------------
     @property
+    def prefolds(self) -> bool:
+        """True when :meth:`prefold_keep` may drop rows of a micro-batch
+        before ``process`` (any part of the batch, without state)."""
+        return False
+
+    def prefold_keep(self, rows: pd.DataFrame) -> np.ndarray:
+        """Positions of ``rows`` (part of one micro-batch, any order; the key
+        columns, ``_kind`` and ``_seq``) that can change the output of
+        ``process``; the others may be dropped before it (only called when
+        :attr:`prefolds`)."""
+        return np.arange(len(rows))
+
+    @property
     def state_is_seen_keys(self) -> bool:
         """True when the operator's whole cross-batch state is the set of keys
         seen in earlier micro-batches, and a seen key's later rows are dropped:

@@ -82,6 +82,24 @@ class ChangelogNormalize(KeyedOperator):
     def output_schema(self) -> pa.Schema:
         return self._output_schema
 
+    # -- micro-batch folding before the keyed step ---------------------------
+    @property
+    def prefolds(self) -> bool:
+        return self.fold_batch
+
+    def prefold_keep(self, rows: pd.DataFrame) -> np.ndarray:
+        """With folding, only each key's last change by ``_seq`` (other than
+        ``-U``) can matter: every other row of the key in the batch is older
+        than it, so ``process`` folds it away, or drops it as superseded if
+        the last one is superseded too.  Holds for any part of the batch, so
+        a runtime may apply it per input partition, before the shuffle."""
+        rows = rows.reset_index(drop=True)
+        key = list(self.key)
+        adds = rows[rows[KIND_COL].to_numpy(np.int64) != RowKind.UPDATE_BEFORE]
+        ordered = adds.sort_values(key + [SEQ_COL], kind="stable")
+        last = last_of_key(ordered.reset_index(drop=True), key)
+        return np.sort(ordered.index.to_numpy()[last])
+
     # -- state expiry -------------------------------------------------------
     def _expired(self, state: pd.DataFrame, now: int) -> np.ndarray:
         touched = state[TOUCHED_COL].to_numpy(dtype=np.int64)

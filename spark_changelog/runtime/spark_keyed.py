@@ -34,7 +34,7 @@ import pandas as pd
 import pyarrow as pa
 from pyspark.sql.streaming import StatefulProcessor
 
-from ..model import KIND_COL, METRICS_COL, METRICS_KIND, SEQ_COL
+from ..model import KIND_COL, METRICS_COL, METRICS_KIND, SEQ_COL, RowKind
 from ..model.watermark import END_OF_INPUT_MS
 from ..operators.base import KeyedOperator, Metrics, OpContext
 from .keygroup import fire_watermark, next_timer_ms, pending_rows, process_key_group
@@ -322,6 +322,8 @@ def apply_keyed(df, operator: KeyedOperator, *, key_groups: int = DEFAULT_KEY_GR
         return apply_seen_keys(df, operator)
     if df.isStreaming and operator.uses_watermark:
         df = without_late_row_filter(df)
+    if df.isStreaming and operator.prefolds:
+        df = prefold(df, operator)
     keyed = add_key_group(df, operator.key, key_groups)
     grouped = keyed.groupBy(KEY_GROUP_COL)
     out_schema = spark_schema(output_schema_with_metrics(operator))
@@ -360,6 +362,45 @@ def apply_keyed(df, operator: KeyedOperator, *, key_groups: int = DEFAULT_KEY_GR
         return _arrow_output(out, passed, operator, ctx, {"state_rows": 0, "watermark_ms": END_OF_INPUT_MS})
 
     return grouped.applyInArrow(run_group, schema=out_schema)
+
+
+def prefold(df, operator: KeyedOperator):
+    """``df`` with the rows ``operator.prefold_keep`` drops removed in each
+    input partition (a ``mapInArrow`` step before the shuffle: no second
+    shuffle, Arrow only), so fewer rows reach the stateful step (micro-batch
+    folding).  Side rows pass; each step adds one with its counters
+    (``rows_in``, ``folded``: the rows dropped here)."""
+    import pyarrow.compute as pc
+    from pyspark.sql import functions as F
+    if METRICS_COL not in df.columns:
+        df = df.withColumn(METRICS_COL, F.lit(None).cast("string"))
+    names = df.columns
+    columns = list(operator.key) + [KIND_COL, SEQ_COL]
+    positions = [names.index(c) for c in columns]
+
+    def keep_last(batches):
+        batches = [b for b in batches if b.num_rows]
+        if not batches:
+            return
+        table = pa.Table.from_batches(batches)
+        kinds = table.column(names.index(KIND_COL))
+        is_side = pc.equal(kinds, METRICS_KIND).to_numpy(zero_copy_only=False)
+        data_pos = np.flatnonzero(~is_side)
+        small = pa.table([table.column(i) for i in positions], names=columns).take(data_pos)
+        keep = data_pos[operator.prefold_keep(small.to_pandas())]
+        kept = table.take(np.sort(np.concatenate([np.flatnonzero(is_side), keep])))
+        dropped = int(len(data_pos) - len(keep))
+        n_ub = int(pc.sum(pc.equal(small.column(KIND_COL), int(RowKind.UPDATE_BEFORE))).as_py() or 0)
+        payload = json.dumps({"operator": operator.name,
+                              "counters": {"rows_in": dropped, "folded": dropped - n_ub}})
+        schema = pa.schema([f.with_nullable(True) for f in table.schema])
+        values = {KIND_COL: METRICS_KIND, SEQ_COL: 0, METRICS_COL: payload}
+        row = pa.table([pa.array([values.get(f.name)], f.type) for f in schema], schema=schema)
+        yield from pa.concat_tables([kept.cast(schema), row]).to_batches()
+
+    from pyspark.sql.types import StructField, StructType
+    nullable = StructType([StructField(f.name, f.dataType, True, f.metadata) for f in df.schema])
+    return df.mapInArrow(keep_last, nullable)
 
 
 #: apply_seen_keys: a unique id per side row (null for data rows), so Spark's

@@ -14,6 +14,7 @@ from hypothesis import given, settings, strategies as st
 from changelog_data import batches_of, schema_of, to_frame, to_rows
 from spark_changelog.api import ChangelogStream
 from spark_changelog.operators.deduplicate import RowTimeKeepLast
+from spark_changelog.operators.kernels import concat_frames
 from spark_changelog.operators.normalize import ChangelogNormalize
 from spark_changelog.plan.explain import explain_plan
 from spark_changelog.plan.nodes import Deduplicate, Normalize, Source
@@ -190,3 +191,24 @@ def test_with_mini_batch_is_a_job_setting_applied_when_planning():
     sink = on.plan_sink(("id",), materialize="force")
     assert "miniBatch=[true]" in explain_plan(sink)
     assert "miniBatch" not in explain_plan(s.plan_sink(("id",), materialize="force"))
+
+
+@settings(max_examples=60, deadline=None)
+@given(changelogs(), st.lists(st.integers(0, 40), max_size=4), st.lists(st.integers(0, 40), max_size=4))
+def test_normalize_prefold_per_part_of_a_batch_changes_nothing(rows, cuts, parts):
+    """``prefold_keep`` applied to any parts of a micro-batch (as the Spark
+    runtime does per input partition) leaves the output and state of a folding
+    ChangelogNormalize unchanged."""
+    op = normalize(fold_batch=True)
+    plain, pre = LocalRunner(op), LocalRunner(normalize(fold_batch=True))
+    for b in batches_of(rows, cuts):
+        batch = to_frame([r for _, r in b], COLS)
+        kept = []
+        for part in batches_of(list(range(len(batch))), parts):
+            sub = batch.iloc[[i for _, i in part]].reset_index(drop=True)
+            kept.append(sub.iloc[op.prefold_keep(sub[["id", "_kind", "_seq"]])])
+        reduced = concat_frames(kept) if kept else batch.iloc[:0]
+        assert to_rows(pre.run_batch(reduced, processing_time_ms=0), COLS) == \
+            to_rows(plain.run_batch(batch, processing_time_ms=0), COLS)
+        assert pre.state.sort_values("id").drop(columns="_ts").reset_index(drop=True).equals(
+            plain.state.sort_values("id").drop(columns="_ts").reset_index(drop=True))
