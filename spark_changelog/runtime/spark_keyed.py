@@ -322,7 +322,7 @@ def apply_keyed(df, operator: KeyedOperator, *, key_groups: int = DEFAULT_KEY_GR
         return apply_seen_keys(df, operator)
     if df.isStreaming and operator.uses_watermark:
         df = without_late_row_filter(df)
-    if df.isStreaming and operator.prefolds:
+    if operator.prefolds:
         df = prefold(df, operator)
     keyed = add_key_group(df, operator.key, key_groups)
     grouped = keyed.groupBy(KEY_GROUP_COL)
