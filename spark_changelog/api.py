@@ -32,7 +32,7 @@ from .plan.lower import Lowered, column_sql, lower, spark_types
 from .plan.nodes import (Aggregate, Deduplicate, Filter, Join, Node, Normalize, Project,
                          ProjectItem, Sink, Source, TopN, WatermarkAssigner, WindowAggregate,
                          WindowTableFunction, source_leaves)
-from .plan.rules import PlanError, optimize, plan_sink
+from .plan.rules import PlanError, fold_micro_batches, optimize, plan_sink
 from .runtime.spark_keyed import DEFAULT_KEY_GROUPS
 
 JoinOn = Union[str, Sequence[Union[str, tuple]], dict, None]
@@ -48,10 +48,12 @@ class ChangelogStream:
 
     spark: object                   # pyspark.sql.SparkSession
     node: Node
+    mini_batch: bool = False        # fold each key's changes per micro-batch (with_mini_batch)
 
     # -- what the stream is (derived from the plan) ------------------------------
     def _planned(self) -> Node:
-        return optimize(self.node)
+        planned = optimize(self.node)
+        return fold_micro_batches(planned) if self.mini_batch else planned
 
     def _lowered(self) -> Lowered:
         return lower(self._planned())
@@ -91,9 +93,21 @@ class ChangelogStream:
     def _derive(self, node: Node) -> "ChangelogStream":
         """A stream over ``node``, lowered at once so a bad column or key fails
         here, at the call that introduced it (lowering is memoized)."""
-        out = ChangelogStream(self.spark, node)
+        out = ChangelogStream(self.spark, node, self.mini_batch)
         out._lowered()
         return out
+
+    def with_mini_batch(self, enabled: bool = True) -> "ChangelogStream":
+        """Micro-batch folding for the whole job (Flink's
+        ``table.exec.mini-batch.enabled``; off by default, as in Flink): every
+        keep-last operator (ChangelogNormalize, the ones the planner inserts,
+        keep-last deduplication) emits only each key's net change per
+        micro-batch (nothing, ``+I``, ``-U``/``+U`` or ``-D``) instead of every
+        intermediate version.  The final table is the same; the emitted
+        changelog is shorter.  Group aggregation and Top-N emit once per key
+        and micro-batch either way.  ``explain`` marks the folded operators
+        (``miniBatch=[true]``).  docs/operators.md, "Micro-batch folding"."""
+        return dataclasses.replace(self, mini_batch=bool(enabled))
 
     def _types(self) -> dict:
         cols = set(self.traits.columns)
@@ -388,8 +402,10 @@ class ChangelogStream:
         shuffled on other columns as lost.
         """
         lk, rk = _join_columns(on, left_on, right_on)
-        return self._derive(Join(self.node, other.node, lk, rk, how.lower(), condition,
-                                 state_ttl_ms, key_groups))
+        joined = Join(self.node, other.node, lk, rk, how.lower(), condition, state_ttl_ms,
+                      key_groups)
+        # a job-wide setting: on if either side asked for it
+        return dataclasses.replace(self, mini_batch=self.mini_batch or other.mini_batch)._derive(joined)
 
     # -- sinks -------------------------------------------------------------------
     def plan_sink(self, key: Union[str, Sequence[str], None] = None, *, materialize: str = "auto",
@@ -403,7 +419,8 @@ class ChangelogStream:
         key = tuple(self.traits.primary_key if key is None else as_key(key))
         return plan_sink(self.node, key, table=str(table), strategy=materialize, conflict=conflict,
                          require_on_conflict=require_on_conflict,
-                         materializer_ttl_ms=materializer_ttl_ms, key_groups=key_groups)
+                         materializer_ttl_ms=materializer_ttl_ms, key_groups=key_groups,
+                         mini_batch=self.mini_batch)
 
     def write_upsert(self, table: Union[str, "object"], *, checkpoint: Optional[str] = None,
                      changelog_path: Optional[str] = None, changelog_format: str = "parquet",

@@ -28,7 +28,11 @@ def cmd_normalize(args) -> int:
     stream = read_changes(spark, args.input, format=args.format, schema=args.schema,
                           primary_key=args.key, streaming=args.streaming, strict=args.strict,
                           max_files_per_trigger=args.max_files_per_trigger, **kw)
-    out = stream.normalize(state_ttl_ms=args.state_ttl_ms, key_groups=args.key_groups)
+    # the product is a table, not a changelog: fold each key's changes per
+    # micro-batch (same table, fewer rows to the sink), unless the emitted
+    # changelog is asked for with --changelog, which then lists every version
+    out = stream.with_mini_batch(args.changelog is None).normalize(
+        state_ttl_ms=args.state_ttl_ms, key_groups=args.key_groups)
     dead = args.dead_letter
     report = out.write_upsert(args.output, checkpoint=args.checkpoint, changelog_path=args.changelog,
                               dead_letter=dead, strict=args.strict)

@@ -143,6 +143,28 @@ class KeyedOperator(abc.ABC):
 
     # -- event time (operators that wait for the watermark) -------------------
     @property
+    def prefolds(self) -> bool:
+        """True when :meth:`prefold_keep` may drop rows of a micro-batch
+        before ``process`` (any part of the batch, without state)."""
+        return False
+
+    def prefold_keep(self, rows: pd.DataFrame) -> np.ndarray:
+        """Positions of ``rows`` (part of one micro-batch, any order; the key
+        columns, ``_kind`` and ``_seq``) that can change the output of
+        ``process``; the others may be dropped before it (only called when
+        :attr:`prefolds`)."""
+        return np.arange(len(rows))
+
+    @property
+    def state_is_seen_keys(self) -> bool:
+        """True when the operator's whole cross-batch state is the set of keys
+        seen in earlier micro-batches, and a seen key's later rows are dropped:
+        ``process`` on an empty state then gives a batch's output up to those
+        drops.  A streaming runtime may keep that set in Spark's own
+        deduplication state (``spark_keyed.apply_seen_keys``)."""
+        return False
+
+    @property
     def uses_watermark(self) -> bool:
         """True when state waits for the watermark: the runtime then passes the
         watermark and runs a timer per key group (``fire_watermark``)."""

@@ -179,6 +179,11 @@ class ProcTimeKeepFirst(_Dedup):
     name = "DeduplicateKeepFirst(proctime)"
 
     @property
+    def state_is_seen_keys(self) -> bool:
+        # without TTL nothing but "seen" matters (with TTL: when it was seen)
+        return self.state_ttl_ms is None
+
+    @property
     def state_schema(self) -> pa.Schema:
         return pa.schema([self.input_schema.field(k) for k in self.key]
                          + [pa.field(TOUCHED_COL, pa.int64())])

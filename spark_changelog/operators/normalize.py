@@ -47,15 +47,21 @@ TOUCHED_COL = "_ts"        # state: processing time of the last write/read (TTL)
 
 class ChangelogNormalize(KeyedOperator):
     """Keep the last change per primary key (docs/semantics.md, section 5, "keep last on a
-    changelog input"), sequence-aware across micro-batches."""
+    changelog input"), sequence-aware across micro-batches.
+
+    ``fold_batch`` (micro-batch folding, Flink's mini-batch; off by default as
+    in Flink): a key's changes within one micro-batch are folded into its net
+    change: nothing, ``+I``, ``-U old``/``+U new`` or ``-D old`` (docs/operators.md,
+    "Micro-batch folding")."""
 
     name = "ChangelogNormalize"
 
     def __init__(self, input_schema: pa.Schema, key: Sequence[str], *,
                  state_ttl_ms: Optional[int] = None,
                  tombstone_retention_ms: Optional[int] = DAY_MS,
-                 generate_update_before: bool = True):
+                 generate_update_before: bool = True, fold_batch: bool = False):
         super().__init__(input_schema, tuple(key))
+        self.fold_batch = fold_batch
         self.state_ttl_ms = state_ttl_ms
         self.tombstone_retention_ms = tombstone_retention_ms
         self.generate_update_before = generate_update_before
@@ -75,6 +81,24 @@ class ChangelogNormalize(KeyedOperator):
     @property
     def output_schema(self) -> pa.Schema:
         return self._output_schema
+
+    # -- micro-batch folding before the keyed step ---------------------------
+    @property
+    def prefolds(self) -> bool:
+        return self.fold_batch
+
+    def prefold_keep(self, rows: pd.DataFrame) -> np.ndarray:
+        """With folding, only each key's last change by ``_seq`` (other than
+        ``-U``) can matter: every other row of the key in the batch is older
+        than it, so ``process`` folds it away, or drops it as superseded if
+        the last one is superseded too.  Holds for any part of the batch, so
+        a runtime may apply it per input partition, before the shuffle."""
+        rows = rows.reset_index(drop=True)
+        key = list(self.key)
+        adds = rows[rows[KIND_COL].to_numpy(np.int64) != RowKind.UPDATE_BEFORE]
+        ordered = adds.sort_values(key + [SEQ_COL], kind="stable")
+        last = last_of_key(ordered.reset_index(drop=True), key)
+        return np.sort(ordered.index.to_numpy()[last])
 
     # -- state expiry -------------------------------------------------------
     def _expired(self, state: pd.DataFrame, now: int) -> np.ndarray:
@@ -128,6 +152,15 @@ class ChangelogNormalize(KeyedOperator):
         m.add("superseded", int((~fresh).sum()))
         rows, kinds, seq = rows[fresh].reset_index(drop=True), kinds[fresh], seq[fresh]
         spos, s_alive = spos[fresh], s_alive[fresh]
+
+        if self.fold_batch:
+            # mini-batch: only each key's last fresh change is applied, so the
+            # output is the key's net change over the batch (stored row before
+            # against last row after); the table after the batch is the same
+            folded = last_of_key(rows, key)
+            m.add("folded", int((~folded).sum()))
+            rows, kinds, seq = rows[folded].reset_index(drop=True), kinds[folded], seq[folded]
+            spos, s_alive = spos[folded], s_alive[folded]
 
         # a tombstone is no previous row
         is_add = IS_ADD[kinds] if len(rows) else np.zeros(0, bool)

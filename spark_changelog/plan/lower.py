@@ -92,7 +92,8 @@ def _lower(node: Node) -> Lowered:
         op = ChangelogNormalize(arrow_schema_of(inp.data_df), node.key,
                                 state_ttl_ms=node.state_ttl_ms,
                                 tombstone_retention_ms=node.tombstone_retention_ms,
-                                generate_update_before=node.generate_update_before)
+                                generate_update_before=node.generate_update_before,
+                                fold_batch=node.fold_batch)
         return _keyed(inp, inp.df, op, node.key_groups)
     if isinstance(node, Materialize):
         from ..operators.sink_upsert_materializer import SinkUpsertMaterializer
@@ -159,7 +160,8 @@ def _deduplicate(node: Deduplicate, inp: Lowered) -> Lowered:
     schema = arrow_schema_of(inp.data_df)
     if node.input.traits.mode is not ChangelogMode.INSERT_ONLY:
         op = ChangelogNormalize(schema, node.key, state_ttl_ms=node.state_ttl_ms,
-                                generate_update_before=node.generate_update_before)
+                                generate_update_before=node.generate_update_before,
+                                fold_batch=node.fold_batch)
     elif node.keep == "first":
         op = (d.ProcTimeKeepFirst(schema, node.key, state_ttl_ms=node.state_ttl_ms)
               if node.order_by is None else

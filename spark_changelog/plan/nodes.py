@@ -346,6 +346,12 @@ class Filter(_Unary):
 # --------------------------------------------------------------------------- keyed operators
 
 
+#: label suffix and note of a keyed node whose changes are folded per micro-batch
+MINI_BATCH_LABEL = {False: "", True: ", miniBatch=[true]"}
+MINI_BATCH_NOTE = ("mini-batch: each key's changes within one micro-batch are folded into its net "
+                   "change (intermediate versions are not emitted; the same final table)")
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Normalize(_Unary):
     """ChangelogNormalize on ``key`` (docs/semantics.md, section 5)."""
@@ -357,6 +363,7 @@ class Normalize(_Unary):
     state_ttl_ms: Optional[int] = None
     tombstone_retention_ms: Optional[int] = DAY_MS
     key_groups: Optional[int] = None   # None: the runtime's default
+    fold_batch: bool = False           # micro-batch folding (rules.fold_micro_batches)
 
     @property
     def auto(self) -> bool:
@@ -364,7 +371,7 @@ class Normalize(_Unary):
 
     def label(self) -> str:
         why = f", inserted: {self.inserted_because}" if self.auto else ""
-        return f"ChangelogNormalize(key={fmt_key(self.key)}{why})"
+        return f"ChangelogNormalize(key={fmt_key(self.key)}{MINI_BATCH_LABEL[self.fold_batch]}{why})"
 
     def derive_traits(self) -> Traits:
         t = self.input.traits
@@ -372,7 +379,8 @@ class Normalize(_Unary):
         mode = ChangelogMode.RETRACT if self.generate_update_before else ChangelogMode.UPSERT
         return Traits(t.columns, mode, _dedup_keys([key] + list(t.unique_keys)), key,
                       frozenset(), t.has_watermark, primary_key=key,
-                      time_attribute=t.time_attribute, watermark=t.watermark)
+                      time_attribute=t.time_attribute, watermark=t.watermark,
+                      notes=(MINI_BATCH_NOTE,) if self.fold_batch else ())
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -595,7 +603,8 @@ class Deduplicate(_Unary):
     def label(self) -> str:
         order = "PROCTIME" if self.order_by is None else f"ROWTIME({self.order_by})"
         row = "FirstRow" if self.keep == "first" else "LastRow"
-        return f"Deduplicate(keep=[{row}], key={fmt_key(self.key)}, order=[{order}])"
+        fold = MINI_BATCH_LABEL[self.fold_batch and self.keep == "last"]
+        return f"Deduplicate(keep=[{row}], key={fmt_key(self.key)}, order=[{order}]{fold})"
 
     def derive_traits(self) -> Traits:
         t = self.input.traits
@@ -609,6 +618,8 @@ class Deduplicate(_Unary):
             notes = (f"keep first on event time {self.order_by!r} waits for the watermark: a "
                      "key's row is emitted once the watermark passes its event time, rows "
                      "behind the watermark are dropped as late (Flink 2.3)",)
+        if self.fold_batch and self.keep == "last":
+            notes += (MINI_BATCH_NOTE,)
         return dataclasses.replace(
             t, mode=mode, unique_keys=_dedup_keys([key] + list(t.unique_keys)), upsert_key=key,
             primary_key=key, notes=notes, ordered=True)

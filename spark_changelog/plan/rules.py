@@ -236,19 +236,45 @@ def optimize(node: Node) -> Node:
     return done
 
 
+_FOLDED: "weakref.WeakKeyDictionary[Node, object]" = weakref.WeakKeyDictionary()
+
+
+def fold_micro_batches(node: Node) -> Node:
+    """The plan with micro-batch folding on every keep-last operator
+    (ChangelogNormalize, keep-last Deduplicate): each key's changes within a
+    micro-batch become its net change (docs/operators.md, "Micro-batch
+    folding"; Flink's ``table.exec.mini-batch.enabled``).  Group aggregation
+    and Top-N emit once per key and micro-batch anyway; keep first emits a
+    key's first row only, so there is nothing to fold.  Memoized like
+    :func:`optimize`."""
+    done = _FOLDED.get(node)
+    if done is not None:
+        return node if done is _UNCHANGED else done
+    children = tuple(fold_micro_batches(c) for c in node.children)
+    out = node.with_children(*children) if children else node
+    foldable = isinstance(out, Normalize) or (isinstance(out, Deduplicate) and out.keep == "last")
+    if foldable and not out.fold_batch:
+        out = dataclasses.replace(out, fold_batch=True)
+    _FOLDED[node] = _UNCHANGED if out is node else out
+    return out
+
+
 def plan_sink(node: Node, key: Sequence[str], *, table: str = "sink", strategy: str = "auto",
               conflict: Optional[str] = None, require_on_conflict: bool = False,
-              materializer_ttl_ms: Optional[int] = None, key_groups: Optional[int] = None) -> Sink:
+              materializer_ttl_ms: Optional[int] = None, key_groups: Optional[int] = None,
+              mini_batch: bool = False) -> Sink:
     """The planned sink over ``node``: per-key order restored where the input
     does not guarantee it (docs/semantics.md, section 10), then the
-    materializer decision (section 3) for an upsert sink keyed by ``key``."""
+    materializer decision (section 3) for an upsert sink keyed by ``key``.
+    ``mini_batch``: with :func:`fold_micro_batches`."""
     key = tuple(key)
     base = optimize(node)
 
     def planned(inp: Node) -> Sink:
-        return materialize(Sink(inp, str(table), key, strategy, conflict,
+        sink = materialize(Sink(inp, str(table), key, strategy, conflict,
                                 materializer_ttl_ms=materializer_ttl_ms, key_groups=key_groups),
                            require_on_conflict=require_on_conflict)
+        return fold_micro_batches(sink) if mini_batch else sink
 
     ordered = order_input(base, "upsert sink", update_before=False,
                           state_ttl_ms=materializer_ttl_ms)
@@ -302,6 +328,7 @@ def plan_warnings(node: Node) -> list[str]:
     return out
 
 
-__all__ = ["MaterializeDecision", "PlanError", "decide", "materialize", "needs_materializer",
+__all__ = ["MaterializeDecision", "PlanError", "decide", "fold_micro_batches", "materialize",
+           "needs_materializer",
            "order_input", "unordered_warnings", "optimize", "plan_sink",
            "nondeterminism_warnings", "plan_warnings", "state_warnings", "STRATEGIES", "CONFLICTS"]

@@ -34,7 +34,7 @@ import pandas as pd
 import pyarrow as pa
 from pyspark.sql.streaming import StatefulProcessor
 
-from ..model import KIND_COL, METRICS_COL, METRICS_KIND, SEQ_COL
+from ..model import KIND_COL, METRICS_COL, METRICS_KIND, SEQ_COL, RowKind
 from ..model.watermark import END_OF_INPUT_MS
 from ..operators.base import KeyedOperator, Metrics, OpContext
 from .keygroup import fire_watermark, next_timer_ms, pending_rows, process_key_group
@@ -318,8 +318,12 @@ def apply_keyed(df, operator: KeyedOperator, *, key_groups: int = DEFAULT_KEY_GR
     A streaming ``df`` runs with state in the state store; a bounded one is
     processed in one go per key group, with the same operator code.
     """
+    if df.isStreaming and operator.state_is_seen_keys:
+        return apply_seen_keys(df, operator)
     if df.isStreaming and operator.uses_watermark:
         df = without_late_row_filter(df)
+    if operator.prefolds:
+        df = prefold(df, operator)
     keyed = add_key_group(df, operator.key, key_groups)
     grouped = keyed.groupBy(KEY_GROUP_COL)
     out_schema = spark_schema(output_schema_with_metrics(operator))
@@ -358,6 +362,94 @@ def apply_keyed(df, operator: KeyedOperator, *, key_groups: int = DEFAULT_KEY_GR
         return _arrow_output(out, passed, operator, ctx, {"state_rows": 0, "watermark_ms": END_OF_INPUT_MS})
 
     return grouped.applyInArrow(run_group, schema=out_schema)
+
+
+def prefold(df, operator: KeyedOperator):
+    """``df`` with the rows ``operator.prefold_keep`` drops removed in each
+    input partition (a ``mapInArrow`` step before the shuffle: no second
+    shuffle, Arrow only), so fewer rows reach the stateful step (micro-batch
+    folding).  Side rows pass; each step adds one with its counters
+    (``rows_in``, ``folded``: the rows dropped here)."""
+    import pyarrow.compute as pc
+    from pyspark.sql import functions as F
+    if METRICS_COL not in df.columns:
+        df = df.withColumn(METRICS_COL, F.lit(None).cast("string"))
+    names = df.columns
+    columns = list(operator.key) + [KIND_COL, SEQ_COL]
+    positions = [names.index(c) for c in columns]
+
+    def keep_last(batches):
+        batches = [b for b in batches if b.num_rows]
+        if not batches:
+            return
+        table = pa.Table.from_batches(batches)
+        kinds = table.column(names.index(KIND_COL))
+        is_side = pc.equal(kinds, METRICS_KIND).to_numpy(zero_copy_only=False)
+        data_pos = np.flatnonzero(~is_side)
+        small = pa.table([table.column(i) for i in positions], names=columns).take(data_pos)
+        keep = data_pos[operator.prefold_keep(small.to_pandas())]
+        kept = table.take(np.sort(np.concatenate([np.flatnonzero(is_side), keep])))
+        dropped = int(len(data_pos) - len(keep))
+        n_ub = int(pc.sum(pc.equal(small.column(KIND_COL), int(RowKind.UPDATE_BEFORE))).as_py() or 0)
+        payload = json.dumps({"operator": operator.name,
+                              "counters": {"rows_in": dropped, "folded": dropped - n_ub}})
+        schema = pa.schema([f.with_nullable(True) for f in table.schema])
+        values = {KIND_COL: METRICS_KIND, SEQ_COL: 0, METRICS_COL: payload}
+        row = pa.table([pa.array([values.get(f.name)], f.type) for f in schema], schema=schema)
+        yield from pa.concat_tables([kept.cast(schema), row]).to_batches()
+
+    from pyspark.sql.types import StructField, StructType
+    nullable = StructType([StructField(f.name, f.dataType, True, f.metadata) for f in df.schema])
+    return df.mapInArrow(keep_last, nullable)
+
+
+#: apply_seen_keys: a unique id per side row (null for data rows), so Spark's
+#: deduplication never takes a side row for a duplicate
+SIDE_ID_COL = "_side_id"
+
+
+def apply_seen_keys(df, operator: KeyedOperator):
+    """Streaming run of an operator whose state is only the set of keys seen
+    (``operator.state_is_seen_keys``: keep first on processing time): the
+    operator's own ``process`` on an empty state, in a ``mapInArrow`` step over
+    all of a key's rows of the micro-batch (repartitioned by the key), keeps
+    each key's first row of the batch by ``_seq``; Spark's streaming
+    ``dropDuplicates`` on the key then drops the keys seen in earlier batches,
+    with the seen keys in its state store (key only, no row payload).
+
+    Spark cannot sort a streaming DataFrame, and its ``dropDuplicates`` keeps
+    whichever row of a batch it meets first, so it alone would not be exact;
+    after the step each key has one row per batch.  Side rows pass with a
+    unique id in :data:`SIDE_ID_COL` (dropped after), so they are never
+    duplicates; they stay in the deduplication state as ids (a few per batch).
+    The operator's counters cover each batch (``duplicates``: within the
+    batch); rows of keys seen in earlier batches are counted by Spark's query
+    progress (``numDroppedDuplicateRows``)."""
+    import uuid
+
+    from pyspark.sql import functions as F
+    key = list(operator.key)
+    columns = df.columns
+    time_zone = df.sparkSession.conf.get("spark.sql.session.timeZone")
+    partitions = int(df.sparkSession.conf.get("spark.sql.shuffle.partitions"))
+    out_schema = output_schema_with_metrics(operator).append(pa.field(SIDE_ID_COL, pa.string()))
+
+    def first_rows(batches):
+        batches = [b for b in batches if b.num_rows]
+        if not batches:
+            return
+        table = pa.Table.from_batches(batches)
+        pdf, passed = split_upstream_metrics(_arrow_input(table, columns, time_zone), operator)
+        ctx = OpContext(processing_time_ms=int(time.time() * 1000))
+        out = process_key_group(operator, None, pdf, ctx) if not pdf.empty else None
+        result = _arrow_output(out, passed, operator, ctx, {"state_rows": 0})
+        kinds = result.column(KIND_COL).to_numpy(zero_copy_only=False)
+        ids = [uuid.uuid4().hex if k == METRICS_KIND else None for k in kinds.tolist()]
+        yield from result.append_column(SIDE_ID_COL, pa.array(ids, pa.string())).to_batches()
+
+    firsts = (df.repartition(partitions, *[F.col(k) for k in key])
+              .mapInArrow(first_rows, spark_schema(out_schema)))
+    return firsts.dropDuplicates(key + [SIDE_ID_COL]).drop(SIDE_ID_COL)
 
 
 WATERMARK_METADATA = "spark.watermarkDelayMs"

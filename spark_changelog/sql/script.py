@@ -69,6 +69,8 @@ SETTINGS = {
     "table.exec.emit.allow-lateness": None,
     "table.exec.source.idle-timeout": None,
     "spark-changelog.late-output.path": None,
+    # micro-batch folding (ChangelogStream.with_mini_batch); Spark's trigger is the batch
+    "table.exec.mini-batch.enabled": ("true", "false"),
 }
 #: SET keys whose value is a duration
 DURATION_SETTINGS = ("table.exec.state.ttl", "table.exec.emit.allow-lateness",

@@ -91,20 +91,22 @@ def interleaved_files(draw):
 
 
 @settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))
-@given(data=interleaved_files())
-def test_streaming_and_batch_give_the_spec_final_table(spark, tmp_path_factory, data):
+@given(data=interleaved_files(), mini_batch=st.booleans())
+def test_streaming_and_batch_give_the_spec_final_table(spark, tmp_path_factory, data, mini_batch):
+    """... with and without micro-batch folding (``with_mini_batch``)."""
     rows, files = data
     base = tmp_path_factory.mktemp("norm")
     write_files(base / "in", [to_frame(f, COLS) for f in files])
     want = expected_final(rows)
 
-    s = stream_of(spark, str(base / "in"), streaming=True).normalize(key_groups=4)
-    rep = s.write_upsert(str(base / "stream_table"), checkpoint=str(base / "ck"))
+    s = stream_of(spark, str(base / "in"), streaming=True).with_mini_batch(mini_batch)
+    rep = s.normalize(key_groups=4).write_upsert(str(base / "stream_table"),
+                                                 checkpoint=str(base / "ck"))
     assert rep.batches == len(files)
     assert final_table(base / "stream_table") == want
 
-    b = stream_of(spark, str(base / "in"), streaming=False).normalize(key_groups=4)
-    b.write_upsert(str(base / "batch_table"))
+    b = stream_of(spark, str(base / "in"), streaming=False).with_mini_batch(mini_batch)
+    b.normalize(key_groups=4).write_upsert(str(base / "batch_table"))
     assert final_table(base / "batch_table") == want
 
 
@@ -135,3 +137,34 @@ def test_out_of_order_files_stream_then_resume(spark, tmp_path):
         ("-D", 2, "b"),                            # batch 1: the older key-1 insert is superseded
         ("+I", 2, "c"), ("-U", 1, "new"), ("+U", 1, "newer"),   # batch 2
     ]
+
+
+def test_mini_batch_emits_each_keys_net_change_per_micro_batch(spark, tmp_path):
+    """Folding, streaming over three micro-batches and batch: the emitted
+    changelog holds one net change per key and batch; the tables are equal."""
+    files = [
+        [["+I", [1, "a", 1], 10], ["+U", [1, "b", 2], 11], ["+U", [1, "c", 3], 12],
+         ["+I", [2, "x", 1], 13], ["-D", [2, "x", 1], 14]],
+        [["+U", [1, "d", 4], 20], ["+U", [1, "e", 5], 21], ["+I", [3, "p", 1], 22]],
+        [["+U", [3, "q", 2], 30], ["-D", [3, "q", 2], 31], ["-D", [1, "e", 5], 32],
+         ["+I", [1, "f", 6], 33]],
+    ]
+    write_files(tmp_path / "in", [to_frame(f, COLS) for f in files])
+    from spark_changelog.sinks.changelog import read_changelog
+    s = stream_of(spark, str(tmp_path / "in"), True).with_mini_batch().normalize(key_groups=2)
+    assert "miniBatch=[true]" in s.explain()
+    rep = s.write_upsert(str(tmp_path / "t"), checkpoint=str(tmp_path / "ck"),
+                         changelog_path=str(tmp_path / "log"))
+    assert rep.batches == 3 and rep.counters["folded"] == 6
+    log = read_changelog(tmp_path / "log")
+    assert [(r["op"], r["id"], r["name"]) for _, r in log.iterrows()] == [
+        ("+I", 1, "c"),                                            # batch 0; key 2 came and went
+        ("-U", 1, "c"), ("+U", 1, "e"), ("+I", 3, "p"),            # batch 1
+        ("-D", 3, "p"), ("-U", 1, "e"), ("+U", 1, "f"),            # batch 2 (_seq order)
+    ]
+    assert final_table(tmp_path / "t") == [(1, "f", 6)]
+    b = stream_of(spark, str(tmp_path / "in"), False).with_mini_batch().normalize(key_groups=2)
+    b.write_upsert(str(tmp_path / "bt"), changelog_path=str(tmp_path / "blog"))
+    assert [(r["op"], r["id"], r["name"]) for _, r in read_changelog(tmp_path / "blog").iterrows()] \
+        == [("+I", 1, "f")]
+    assert final_table(tmp_path / "bt") == [(1, "f", 6)]

@@ -210,3 +210,46 @@ def test_api_methods_build_the_operators_batch(spark):
     ref = RefTopN([0], 2, [(1, False)], True).run_batch([("+I", r) for r in data])
     want = final_table([(kind, (r[0], r[3], r[1], r[2])) for kind, r in ref], 2)
     assert table(s.top_n(2, "k", "v DESC", with_rank=True), ["k", "rn", "v", "t"], 2) == want
+
+
+def test_streaming_keep_first_on_spark_dedup_state_is_exact_and_passes_side_rows(spark, tmp_path):
+    """Streaming keep first keeps its seen keys in Spark's dedup state
+    (``apply_seen_keys``): per batch the smallest ``_seq`` of a new key wins
+    whatever the file order, keys of earlier batches are dropped, and an
+    upstream side row passes through once per batch."""
+    import json
+    from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import from_arrow_schema
+    files = [
+        [["+I", [1, 10, 0], 5], ["+I", [2, 20, 0], 9], ["+I", [1, 11, 0], 3],   # key 1: _seq 3 wins
+         ["+I", [2, 21, 0], 8]],                                              # key 2: _seq 8 wins
+        [["+I", [1, 12, 0], 1], ["+I", [3, 30, 0], 12], ["+I", [3, 31, 0], 11]],  # 1 seen; 3: _seq 11
+        [["+I", [2, 22, 0], 0], ["+I", [4, 40, 0], 20]],
+    ]
+    write_files(tmp_path / "in", files)
+    df = (spark.readStream.schema(from_arrow_schema(ARROW)).option("maxFilesPerTrigger", 1)
+          .parquet(str(tmp_path / "in")))
+    # a side row per file, as a reader's dead letter would travel (key columns null)
+    side = json.dumps({"dead_letter": {"reason": "x"}})
+    df = df.withColumn("_metrics", F.lit(None).cast("string")).unionByName(
+        df.where("k = 1 AND v IN (11, 12)").select(
+            *[F.lit(None).cast(c.dataType).alias(c.name) for c in df.schema.fields
+              if c.name not in ("_kind", "_seq")],
+            F.lit(-1).cast("tinyint").alias("_kind"), F.col("_seq"),
+            F.lit(side).alias("_metrics")))
+    op = ProcTimeKeepFirst(ARROW, ["k"])
+    out = apply_keyed(df, op, key_groups=2)
+    assert "_side_id" not in out.columns
+    batches = []
+    query = (out.writeStream.foreachBatch(lambda b, _: batches.append(b.toPandas()))
+             .trigger(availableNow=True).option("checkpointLocation", str(tmp_path / "ck")).start())
+    query.awaitTermination()
+    got = [sorted((kind, tuple(v)) for kind, v in to_rows(split_metrics(b)[0], COLS))
+           for b in batches]
+    assert got == [[("+I", (1, 11, 0)), ("+I", (2, 21, 0))],
+                   [("+I", (3, 31, 0))],
+                   [("+I", (4, 40, 0))]]
+    metrics = [m for b in batches for m in split_metrics(b)[1]]
+    assert sum("dead_letter" in m for m in metrics) == 2
+    counters = [m["counters"] for m in metrics if m.get("operator") == op.name]
+    assert sum(c.get("rows_in", 0) for c in counters) == 9

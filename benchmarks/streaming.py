@@ -1,0 +1,182 @@
+"""Benchmark: streaming normalize, whole job (Debezium files in, Delta out),
+against Spark's native streaming aggregation in the same run.
+
+    scripts/bench streaming [--events 2000000] [--ids 1000000] [--files 4]
+                            [--max-files-per-trigger N] [--no-fold] [--only ours,native]
+
+Input: Debezium JSON files from ``benchmarks/whole_job.py``'s generator
+(``id, g, v``; creates, updates, deletes; cached in ``--cache``).  Each job is
+its own process (JVM start and imports count, as for a user), one after the
+other, never at the same time:
+
+* ours: ``read_debezium(..., streaming=True)`` -> ``normalize()`` ->
+  ``write_upsert`` into Delta, with micro-batch folding as ``spark-changelog
+  normalize`` runs it (``--no-fold``: without, every version is emitted);
+* native: ``spark.readStream.schema(envelope).json(...)`` ->
+  ``groupBy(id).agg(max_by(struct(g, v, op), lsn))`` (update mode, RocksDB
+  state store) -> ``foreachBatch`` merging into Delta with ``deltalake``
+  (delete where the last op is ``d``).
+
+Both read all files in one micro-batch by default (the first batch, empty
+state); ``--max-files-per-trigger 1`` makes one micro-batch per file.  Prints
+whole-process and per-batch times, ratios (native time / ours: above 1 means
+ours is faster) and whether the final tables are equal.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from whole_job import ENVELOPE_DDL, SCHEMA_DDL, generate  # noqa: E402  (the reader helper's generator)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def ours_job(inp: str, out: str, ck: str, max_files: int, fold: bool) -> None:
+    from spark_changelog.api import read_debezium
+    from spark_changelog.runtime.session import build_session
+
+    t0 = time.perf_counter()
+    spark = build_session("bench-streaming")
+    ends = []
+    s = read_debezium(spark, inp, SCHEMA_DDL, ["id"], streaming=True,
+                      max_files_per_trigger=max_files)
+    t_query = time.perf_counter()
+    rep = s.with_mini_batch(fold).normalize().write_upsert(
+        out, checkpoint=ck, dead_letter=out + "-dl", progress=lambda r: ends.append(time.perf_counter()))
+    batches = [b - a for a, b in zip([t_query] + ends[:-1], ends)]
+    print(json.dumps({"batches": batches, "changes_out": rep.changes_out, "rows_in": rep.rows_in,
+                      "setup": t_query - t0, "counters": rep.counters}))
+    spark.stop()
+
+
+def native_job(inp: str, out: str, ck: str, max_files: int) -> None:
+    from deltalake import DeltaTable, write_deltalake
+    from pyspark.sql import SparkSession, functions as F
+
+    from spark_changelog.runtime.session import ROCKSDB_PROVIDER
+    spark = (SparkSession.builder.master("local[2]").appName("native-streaming")
+             .config("spark.driver.memory", "4g").config("spark.sql.shuffle.partitions", "4")
+             .config("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
+             .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+             .config("spark.ui.enabled", "false").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    reader = spark.readStream.schema(ENVELOPE_DDL)
+    if max_files:
+        reader = reader.option("maxFilesPerTrigger", max_files)
+    rows = reader.json(inp).select(F.coalesce("after.id", "before.id").alias("id"),
+                                   F.struct("after.g", "after.v", "op").alias("r"),
+                                   F.col("source.lsn").alias("lsn"))
+    last = rows.groupBy("id").agg(F.max_by("r", "lsn").alias("r")).select(
+        "id", "r.g", "r.v", (F.col("r.op") == "d").alias("deleted"))
+
+    def write(batch, _):
+        t = batch.toArrow()
+        if not DeltaTable.is_deltatable(out):
+            alive = t.filter(t.column("deleted").to_numpy(zero_copy_only=False) == False)  # noqa: E712
+            write_deltalake(out, alive.drop_columns(["deleted"]), mode="overwrite")
+            return
+        (DeltaTable(out).merge(t, "t.id = s.id", source_alias="s", target_alias="t")
+         .when_matched_delete("s.deleted").when_matched_update(
+             {"g": "s.g", "v": "s.v"}, "NOT s.deleted")
+         .when_not_matched_insert({"id": "s.id", "g": "s.g", "v": "s.v"}, "NOT s.deleted")
+         .execute())
+
+    q = (last.writeStream.outputMode("update").foreachBatch(write)
+         .option("checkpointLocation", ck).trigger(availableNow=True).start())
+    q.awaitTermination()
+    batches = [p.durationMs.get("triggerExecution", 0) / 1000.0 for p in q.recentProgress
+               if p.numInputRows]
+    print(json.dumps({"batches": batches}))
+    spark.stop()
+
+
+def _run(cmd: list[str], log: str) -> tuple[float, dict]:
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    t = time.perf_counter()
+    with open(log, "a") as fh:
+        proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=fh, text=True)
+    secs = time.perf_counter() - t
+    if proc.returncode:
+        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}); see {log}\n{proc.stdout}")
+    return secs, json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _load() -> str:
+    return open("/proc/loadavg").read().split(" ")[0]
+
+
+def _table(path: str):
+    from deltalake import DeltaTable
+    return DeltaTable(path).to_pandas().sort_values("id").reset_index(drop=True)[["id", "g", "v"]]
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--events", type=int, default=2_000_000)
+    ap.add_argument("--ids", type=int, default=1_000_000)
+    ap.add_argument("--files", type=int, default=4)
+    ap.add_argument("--max-files-per-trigger", type=int, default=0,
+                    help="files per micro-batch (0: all files in one micro-batch)")
+    ap.add_argument("--no-fold", action="store_true", help="ours without micro-batch folding")
+    ap.add_argument("--only", default="ours,native")
+    ap.add_argument("--cache", default=os.path.join(tempfile.gettempdir(), "spark-changelog-bench"))
+    ap.add_argument("--ours-job", nargs=5, help=argparse.SUPPRESS)
+    ap.add_argument("--native-job", nargs=4, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.ours_job:
+        inp, out, ck, mf, fold = args.ours_job
+        return ours_job(inp, out, ck, int(mf) or None, fold == "1")
+    if args.native_job:
+        inp, out, ck, mf = args.native_job
+        return native_job(inp, out, ck, int(mf) or None)
+
+    inp = os.path.join(args.cache, f"debezium-{args.events}-{args.ids}-{args.files}")
+    if not os.path.isdir(inp):
+        t = time.perf_counter()
+        generate(inp + ".tmp", args.events, args.ids, args.files)
+        os.replace(inp + ".tmp", inp)
+        print(f"generated {inp} in {time.perf_counter() - t:.0f} s")
+    work = tempfile.mkdtemp(prefix="bench-streaming-")
+    log = os.path.join(work, "jobs.log")
+    mf = str(args.max_files_per_trigger)
+    only = set(args.only.split(","))
+    print(f"{args.events:,} Debezium events over {args.ids:,} ids in {args.files} files, "
+          f"{'all files in one micro-batch' if not args.max_files_per_trigger else mf + ' file(s) per micro-batch'}; "
+          f"load {_load()}; logs: {log}", flush=True)
+    res = {}
+    for name in ("ours", "native"):
+        if name not in only:
+            continue
+        out, ck = os.path.join(work, name), os.path.join(work, name + "-ck")
+        if name == "ours":
+            cmd = [sys.executable, __file__, "--ours-job", inp, out, ck, mf,
+                   "0" if args.no_fold else "1"]
+        else:
+            cmd = [sys.executable, __file__, "--native-job", inp, out, ck, mf]
+        secs, info = _run(cmd, log)
+        res[name] = (secs, info)
+        b = info["batches"]
+        later = max(b[1:]) / b[0] if len(b) > 1 else None
+        print(f"  {name:<7} whole process {secs:6.1f} s | batches {', '.join(f'{x:.1f}' for x in b)} s"
+              + (f" | slowest later / first {later:.2f}" if later else "")
+              + (f" | changes out {info['changes_out']:,}" if "changes_out" in info else "")
+              + f"   (load {_load()})", flush=True)
+    if len(res) == 2:
+        o, n = res["ours"], res["native"]
+        print(f"  => native / ours, whole process: {n[0] / o[0]:.2f}x; batches: "
+              f"{sum(n[1]['batches']) / sum(o[1]['batches']):.2f}x (above 1: ours faster)")
+        same = _table(os.path.join(work, "ours")).equals(_table(os.path.join(work, "native")))
+        print(f"  final tables equal: {same}")
+    shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
