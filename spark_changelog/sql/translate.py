@@ -122,6 +122,7 @@ class Settings:
     allow_lateness_ms: int = 0
     idle_timeout_ms: Optional[int] = None
     late_output: Optional[str] = None
+    mini_batch: bool = False
     ignored: tuple = ()
 
     def apply(self, s: SetOption) -> "Settings":
@@ -143,6 +144,8 @@ class Settings:
             return dataclasses.replace(self, idle_timeout_ms=ms or None)
         if s.key == LATE_OUTPUT_KEY:
             return dataclasses.replace(self, late_output=v or None)
+        if s.key == "table.exec.mini-batch.enabled":
+            return dataclasses.replace(self, mini_batch=v.lower() == "true")
         return dataclasses.replace(self, ignored=self.ignored + (s.key,))
 
 
@@ -327,6 +330,8 @@ class Translator:
         stream = rel.stream
         if not (identity and tuple(stream.schema.columns) == tuple(named)):
             stream = self._select(stream, named, ins.position)
+        if self.settings.mini_batch:
+            stream = stream.with_mini_batch()
         planned = PlannedInsert(ins, table, stream, self.settings)
         try:
             planned.plan()          # the materializer decision: its errors belong to this line

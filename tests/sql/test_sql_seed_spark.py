@@ -91,6 +91,13 @@ def test_seed_sql_explain_equals_the_python_api(spark, seed, tmp_path):
     with_ttl = script(base, str(tmp_path / "t1")).sql.replace(
         "-- gabungkan", "SET 'table.exec.state.ttl' = '1 h';\n-- gabungkan")
     assert "WARNING" not in explain_script(spark, parse_script(with_ttl, "ttl.sql"))
+    # SET 'table.exec.mini-batch.enabled': the API's with_mini_batch(), folded normalizes
+    folded = script(base, str(tmp_path / "t1")).sql.replace(
+        "-- gabungkan", "SET 'table.exec.mini-batch.enabled' = 'true';\n-- gabungkan")
+    text = explain_script(spark, parse_script(folded, "mini_batch.sql"))
+    assert text.split("\n", 1)[1] == api_pipeline(spark, base, True, groups).with_mini_batch(
+        ).explain(key="id", table="t1")
+    assert text.count("miniBatch=[true]") == 2
     # `explain --batch`: the plan of `run --batch` (ordered input, no state kept across runs)
     batch = explain_script(spark, script(base, str(tmp_path / "t1")), batch=True)
     assert batch.split("\n", 1)[1] == api_pipeline(spark, base, False, groups).explain(
