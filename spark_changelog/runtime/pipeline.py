@@ -65,25 +65,38 @@ class RunReport:
     event_time: dict = dataclasses.field(default_factory=dict)
     watermark_ms: Optional[int] = None   # the latest event-time watermark an operator saw
     plan: str = ""   # the planner's explain text (ChangelogStream.write_upsert)
+    #: (operator, instance, key group) -> its state rows after the latest batch that touched it
+    _group_state: dict = dataclasses.field(default_factory=dict, repr=False)
 
     @property
     def rows_in(self) -> int:
         return int(self.counters.get("rows_in", 0))
 
     def add_metrics(self, metrics: list[dict]) -> None:
-        state_rows = 0
+        """Sum one micro-batch's metrics rows.  State size: each key group
+        reports its state rows when a batch touches it, so the report keeps the
+        latest count per (operator, key group) and sums them, per operator
+        (``operators[name]["state_rows"]``) and in total."""
         for m in metrics:
-            per_op = self.operators.setdefault(m.get("operator", "?"), {})
+            name = m.get("operator", "?")
+            per_op = self.operators.setdefault(name, {})
             for k, v in m.get("counters", {}).items():
                 self.counters[k] = self.counters.get(k, 0) + int(v)
                 per_op[k] = per_op.get(k, 0) + int(v)
             self.warnings.extend(m.get("warnings", []))
-            state_rows += int(m.get("state_rows", 0))
+            if m.get("key_group") is not None:
+                group = (name, m.get("instance"), int(m["key_group"]))
+                self._group_state[group] = int(m.get("state_rows", 0))
             wm = m.get("watermark_ms")
             if wm is not None and (self.watermark_ms is None or wm > self.watermark_ms):
                 self.watermark_ms = int(wm)
-        if metrics:
-            self.state_rows = max(self.state_rows, state_rows)
+        if self._group_state:
+            per_op: dict = {}
+            for (name, _, _), rows in self._group_state.items():
+                per_op[name] = per_op.get(name, 0) + rows
+            for name, rows in per_op.items():
+                self.operators[name]["state_rows"] = rows
+            self.state_rows = sum(per_op.values())
 
     def summary(self) -> str:
         c = self.counters

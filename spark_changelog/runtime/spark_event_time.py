@@ -235,7 +235,8 @@ class EventTimeKeyGroupProcessor(KeyGroupProcessor):
                                              now if now is not None else 0, next_seq)
         written = self._save(stack, run_ids, ctx.next_seq)
         self.watermarks.update((wms.to_json(),))
-        extra = {"state_rows": stack.size, "runs": len(stack.runs), "rows_written": written,
+        extra = {"state_rows": stack.size, "key_group": int(key[0]), "runs": len(stack.runs),
+                 "rows_written": written,
                  "cache_misses": misses, "seconds": time.perf_counter() - t0,
                  "watermark_ms": ctx.watermark_ms}
         if int(key[0]) == self.report_group:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import time
+import zlib
 from typing import Iterator, Optional
 
 import numpy as np
@@ -62,9 +63,16 @@ def spark_schema(schema: pa.Schema):
     return from_arrow_schema(schema)
 
 
+def operator_instance(operator: KeyedOperator) -> int:
+    """Tells apart two operators of one kind in a plan (the normalizes of both
+    join sides) in the same way in every worker process: a checksum of what
+    the operator reads (Python's ``hash`` of a string differs per process)."""
+    return zlib.crc32(",".join([operator.name, *operator.key, *operator.input_schema.names]).encode())
+
+
 def _metrics_row(operator: KeyedOperator, metrics: Metrics, extra: Optional[dict] = None) -> pd.DataFrame:
-    payload = {"operator": operator.name, "counters": dict(metrics.counters),
-               "warnings": metrics.warnings[:20]}
+    payload = {"operator": operator.name, "instance": operator_instance(operator),
+               "counters": dict(metrics.counters), "warnings": metrics.warnings[:20]}
     if metrics.side_rows:
         # side outputs (late rows of windows) travel on the side-row channel too
         payload["side"] = metrics.side_rows
@@ -287,7 +295,8 @@ class KeyGroupProcessor(StatefulProcessor):
             # to the group's next pending time (a timer already due is dropped)
             self._set_timer(next_timer_ms(op, pending_rows(op, stack), ctx.watermark_ms))
         yield from _with_metrics(out, op, ctx, {
-            "state_rows": stack.size, "runs": len(stack.runs), "rows_written": written,
+            "state_rows": stack.size, "key_group": int(key[0]), "runs": len(stack.runs),
+            "rows_written": written,
             "cache_misses": misses, "seconds": time.perf_counter() - t0,
             "watermark_ms": ctx.watermark_ms})
 
@@ -303,7 +312,8 @@ class KeyGroupProcessor(StatefulProcessor):
         self._set_timer(next_timer_ms(op, pending_rows(op, stack), ctx.watermark_ms))
         ctx.metrics.add("watermark_timers", 1)
         yield from _with_metrics(out, op, ctx, {
-            "state_rows": stack.size, "runs": len(stack.runs), "rows_written": written,
+            "state_rows": stack.size, "key_group": int(key[0]), "runs": len(stack.runs),
+            "rows_written": written,
             "cache_misses": misses, "seconds": time.perf_counter() - t0,
             "watermark_ms": ctx.watermark_ms})
 

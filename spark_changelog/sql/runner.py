@@ -163,6 +163,7 @@ class _Progress:
         t.add_column("operator")
         t.add_column("rows in", justify="right")
         t.add_column("rows out", justify="right")
+        t.add_column("state rows", justify="right")
         r = self.report
         operators = r.operators if r is not None else {}
         # window operators count their late rows; deduplication its superseded
@@ -173,7 +174,9 @@ class _Progress:
         for _, label in extra:
             t.add_column(label, justify="right")
         for name, counters in operators.items():
+            state = counters.get("state_rows")
             t.add_row(name, f"{counters.get('rows_in', 0):,}", f"{counters.get('rows_out', 0):,}",
+                      "-" if state is None else f"{state:,}",
                       *(f"{counters.get(k, 0):,}" for k, _ in extra))
         elapsed = time.perf_counter() - self.t0
         if r is None:

@@ -244,17 +244,30 @@ def test_progress_display_shows_operators_state_and_watermark():
     from spark_changelog.sql.runner import _Progress
     planned = types.SimpleNamespace(table=types.SimpleNamespace(name="t1"))
     progress = _Progress(planned, enabled=False)
-    report = RunReport(streaming=True, batches=3, changes_out=1200, state_rows=42,
-                       watermark_ms=1337)
-    report.operators = {"RegularJoin": {"rows_in": 5000, "rows_out": 4100},
-                        "sink_upsert_materializer": {"rows_in": 4100, "rows_out": 1200}}
+    report = RunReport(streaming=True, batches=3, changes_out=1200, watermark_ms=1337)
+    # state rows: the latest count of each (operator, instance, key group), summed
+    report.add_metrics([
+        {"operator": "RegularJoin", "instance": 1, "key_group": 0, "state_rows": 10,
+         "counters": {"rows_in": 3000, "rows_out": 2000}},
+        {"operator": "RegularJoin", "instance": 1, "key_group": 1, "state_rows": 20,
+         "counters": {"rows_in": 2000, "rows_out": 2100}},
+        {"operator": "normalize", "instance": 7, "key_group": 0, "state_rows": 5, "counters": {}},
+        {"operator": "normalize", "instance": 8, "key_group": 0, "state_rows": 4, "counters": {}}])
+    report.add_metrics([                 # a later batch touches key group 1 only
+        {"operator": "RegularJoin", "instance": 1, "key_group": 1, "state_rows": 3,
+         "counters": {}},
+        {"operator": "sink_upsert_materializer", "counters": {"rows_in": 4100, "rows_out": 1200}}])
+    assert report.operators["RegularJoin"] == {"rows_in": 5000, "rows_out": 4100, "state_rows": 13}
+    assert report.operators["normalize"]["state_rows"] == 9       # both sides' normalizes
+    assert report.state_rows == 22
     progress.update(report)
     buf = io.StringIO()
     Console(file=buf, width=120).print(progress._render())
     text = buf.getvalue()
-    assert "INSERT INTO t1" in text
-    assert "RegularJoin" in text and "5,000" in text and "4,100" in text
-    assert "batches 3" in text and "changes out 1,200" in text and "state rows 42" in text
+    assert "INSERT INTO t1" in text and "state rows" in text
+    row = next(line for line in text.splitlines() if "RegularJoin" in line)
+    assert [c.strip() for c in row.split("│")[1:5]] == ["RegularJoin", "5,000", "4,100", "13"]
+    assert "batches 3" in text and "changes out 1,200" in text and "state rows 22" in text
     assert "watermark 1970-01-01T00:00:01.337+00:00" in text
     assert "late" not in text                 # no window: no late column or line
     # a window query: its late rows per operator, the window watermark and its lag
