@@ -126,15 +126,19 @@ class KeyedOperator(abc.ABC):
     def data_columns(self) -> list[str]:
         return [n for n in self.input_schema.names if n not in (KIND_COL, SEQ_COL)]
 
-    @property
-    @abc.abstractmethod
-    def state_schema(self) -> pa.Schema:
-        """Columns of a state row; must start with the key columns."""
+    #: set by each operator's constructor (or overridden as a property)
+    _state_schema: pa.Schema
+    _output_schema: pa.Schema
 
     @property
-    @abc.abstractmethod
+    def state_schema(self) -> pa.Schema:
+        """Columns of a state row; must start with the key columns."""
+        return self._state_schema
+
+    @property
     def output_schema(self) -> pa.Schema:
         """Data columns of the output plus ``_kind`` and ``_seq``."""
+        return self._output_schema
 
     @abc.abstractmethod
     def process(self, state: pd.DataFrame, rows: pd.DataFrame, ctx: OpContext

@@ -140,10 +140,6 @@ class _Dedup(KeyedOperator):
                                                 pa.field(SEQ_COL, pa.int64())])
 
     @property
-    def output_schema(self) -> pa.Schema:
-        return self._output_schema
-
-    @property
     def row_columns(self) -> list[str]:
         """The columns of a kept row in state: key, other data columns, ``_seq``."""
         return list(self.key) + [c for c in self.data_columns if c not in self.key] + [SEQ_COL]

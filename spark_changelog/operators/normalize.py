@@ -74,14 +74,6 @@ class ChangelogNormalize(KeyedOperator):
         self._output_schema = pa.schema(data + [pa.field(KIND_COL, pa.int8()),
                                                 pa.field(SEQ_COL, pa.int64())])
 
-    @property
-    def state_schema(self) -> pa.Schema:
-        return self._state_schema
-
-    @property
-    def output_schema(self) -> pa.Schema:
-        return self._output_schema
-
     # -- micro-batch folding before the keyed step ---------------------------
     @property
     def prefolds(self) -> bool:

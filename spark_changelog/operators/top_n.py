@@ -75,14 +75,6 @@ class _TopN(KeyedOperator):
             + [f for f in data if f.name not in self.key]
             + [pa.field(ORDER_COL, pa.int64()), pa.field(TOUCHED_COL, pa.int64())])
 
-    @property
-    def state_schema(self) -> pa.Schema:
-        return self._state_schema
-
-    @property
-    def output_schema(self) -> pa.Schema:
-        return self._output_schema
-
     def retain(self, state, ctx):
         if self.state_ttl_ms is None:
             return None

@@ -81,14 +81,6 @@ class GroupAggregate(KeyedOperator):
             + [pa.field(TOUCHED_COL, pa.int64())])
 
     @property
-    def state_schema(self) -> pa.Schema:
-        return self._state_schema
-
-    @property
-    def output_schema(self) -> pa.Schema:
-        return self._output_schema
-
-    @property
     def result_columns(self) -> list[str]:
         return list(self.key) + [a.output for a in self.accumulators]
 

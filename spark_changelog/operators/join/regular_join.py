@@ -320,10 +320,6 @@ class RegularJoin(KeyedOperator):
                pa.field(ARR_COL, pa.int64()), pa.field(TS_COL, pa.int64())])
 
     @property
-    def state_schema(self) -> pa.Schema:
-        return self._state_schema
-
-    @property
     def output_schema(self) -> pa.Schema:
         return self.layout.output_schema
 

@@ -154,14 +154,6 @@ class WindowAggregate(KeyedOperator):
         handling on its fast single-column path when there are no group keys)."""
         return group_keys + (WINDOW_END,)
 
-    @property
-    def state_schema(self) -> pa.Schema:
-        return self._state_schema
-
-    @property
-    def output_schema(self) -> pa.Schema:
-        return self._output_schema
-
     def describe(self) -> str:
         aggs = ", ".join(a.describe() for a in self.aggregates)
         return (f"{self.name}(groupBy=[{', '.join(self.window_key)}], select=[{aggs}], "
