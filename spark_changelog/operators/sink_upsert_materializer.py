@@ -118,6 +118,15 @@ class PrimaryKeyConstraintViolation(RuntimeError):
 # state views
 
 
+def _key_first(input_schema: pa.Schema, key: Sequence[str], data_columns: Sequence[str]
+               ) -> tuple[tuple, list[str], list[pa.Field]]:
+    """A state view's value columns: the sink key first, then the other data
+    columns (the key, the column names, their fields)."""
+    key = tuple(key)
+    columns = list(key) + [c for c in data_columns if c not in key]
+    return key, columns, [input_schema.field(c) for c in columns]
+
+
 class SequencedAliveRows:
     """State of ``DO DEDUPLICATE``: per sink key, the alive entries.
 
@@ -139,10 +148,7 @@ class SequencedAliveRows:
     ACCESS = "_access_ms"
 
     def __init__(self, input_schema: pa.Schema, key: Sequence[str], data_columns: Sequence[str]):
-        self.key = tuple(key)
-        others = [c for c in data_columns if c not in self.key]
-        self.value_columns = list(self.key) + others
-        fields = [input_schema.field(c) for c in self.value_columns]
+        self.key, self.value_columns, fields = _key_first(input_schema, key, data_columns)
         self.schema = pa.schema(fields + [pa.field(self.ENTRY, pa.int64()),
                                           pa.field(self.ACCESS, pa.int64())])
 
@@ -168,10 +174,7 @@ class WatermarkBufferedRows:
     ACCESS = "_access_ms"
 
     def __init__(self, input_schema: pa.Schema, key: Sequence[str], data_columns: Sequence[str]):
-        self.key = tuple(key)
-        others = [c for c in data_columns if c not in self.key]
-        self.value_columns = list(self.key) + others
-        fields = [input_schema.field(c) for c in self.value_columns]
+        self.key, self.value_columns, fields = _key_first(input_schema, key, data_columns)
         self.schema = pa.schema(fields + [pa.field(KIND_COL, pa.int8()),
                                           pa.field(SEQ_COL, pa.int64()),
                                           pa.field(self.BUFFERED, pa.bool_()),
