@@ -9,7 +9,8 @@ are written out from the micro-batch rule: each batch emits the difference
 between the top 2 before and after it (per rank with the rank number, per
 row without).  The same rows run through the operator locally, through the
 Python API and SQL on Spark in batch (one batch: the final top only) and
-streaming (one file per micro-batch)."""
+streaming (one file per micro-batch).  Global deduplication (``rn = 1`` on a
+time attribute without PARTITION BY) takes the same path."""
 from __future__ import annotations
 
 import pyarrow as pa
@@ -109,3 +110,26 @@ def test_sql_global_top_n_explains_partition_by_empty_and_emits_the_top(spark, t
     assert "partitionBy=[], orderBy=[score DESC], select=[*, rn]" in stream.explain()
     assert list(stream.schema.columns) == ["id", "score", "rn"]
     assert rows(stream.collect(), ["id", "score", "rn"]) == BATCH_WITH_RANK
+
+
+def test_sql_global_deduplication_keeps_one_row_of_the_whole_stream(spark, tmp_path):
+    """``rn = 1`` over a time attribute without PARTITION BY: the deduplicate
+    operators over the one hidden key (Flink's global deduplication)."""
+    from spark_changelog.sql.script import parse_script
+    from spark_changelog.sql.translate import Translator
+    write_changelog(tmp_path / "in", ["id", "score", "t"], ["BIGINT", "BIGINT", "BIGINT"],
+                    [[("+I", [1, 10, 5000], 0), ("+I", [2, 30, 3000], 1),
+                      ("+I", [3, 20, 4000], 2)]])
+    inner = "SELECT *, ROW_NUMBER() OVER (ORDER BY {}) AS rn FROM ev"
+    script = parse_script(
+        "CREATE TABLE ev (id BIGINT, score BIGINT, t BIGINT, pt AS PROCTIME(), "
+        "rt AS TO_TIMESTAMP_LTZ(t, 3), WATERMARK FOR rt AS rt - INTERVAL '1' SECOND) WITH "
+        f"({source_options(tmp_path / 'in')}, 'changelog.mode' = 'insert-only');\n"
+        f"EXPLAIN SELECT id, score FROM ({inner.format('pt')}) WHERE rn = 1;\n"
+        f"EXPLAIN SELECT id, score FROM ({inner.format('rt')}) WHERE rn = 1;", "dedup.sql")
+    (_, first_arrival), (_, earliest) = [x for x in Translator(spark, script, key_groups=2)
+                                         .statements() if x[1] is not None]
+    assert "Deduplicate(keep=[FirstRow], key=[], order=[PROCTIME])" in first_arrival.explain()
+    assert "Deduplicate(keep=[FirstRow], key=[], order=[ROWTIME(rt)])" in earliest.explain()
+    assert rows(first_arrival.collect(), ["id", "score"]) == [("+I", [1, 10])]
+    assert rows(earliest.collect(), ["id", "score"]) == [("+I", [2, 30])]
