@@ -358,8 +358,9 @@ class SessionWindowAggregate(WindowAggregate):
     @staticmethod
     def _operator_key(group_keys: tuple) -> tuple:
         if not group_keys:
-            raise ValueError("session windows need group keys (GROUP BY / by=[...]): sessions "
-                             "are merged per key")
+            raise ValueError(f"{SessionWindowAggregate.name} is keyed by its group keys "
+                             "(sessions merge per key): without any, key it on a constant "
+                             f"column ({GLOBAL_KEY!r}, what the lowering adds)")
         return group_keys
 
     def process(self, state, rows, ctx):
