@@ -71,7 +71,8 @@ def run(spark, tmp_path, streaming: bool, window: str = TUMBLE):
 
 
 @pytest.mark.parametrize("name, window", [("W_seed_tumble_count_distinct", TUMBLE),
-                                          ("W_seed_session", SESSION)])
+                                          ("W_seed_session", SESSION)],
+                         ids=["tumble", "global_session"])
 def test_seed_clicks_streaming_fire_after_flinks_arrivals_and_the_late_click(spark, tmp_path,
                                                                              name, window):
     case = FIXTURE[name]
