@@ -7,7 +7,8 @@ Five ids; ``id 1`` is updated into the top (10 -> 40) in the first
 micro-batch and out of it (40 -> 0) in the second.  The expected changelogs
 are written out from the micro-batch rule: each batch emits the difference
 between the top 2 before and after it (per rank with the rank number, per
-row without).  The same rows run through the operator locally, through the
+row without); with one row per batch the operator gives Flink 2.3's recorded
+output (tests/fixtures/flink/topn.json, T5).  The same rows run through the operator locally, through the
 Python API and SQL on Spark in batch (one batch: the final top only) and
 streaming (one file per micro-batch).  Global deduplication (``rn = 1`` on a
 time attribute without PARTITION BY) takes the same path."""
@@ -16,7 +17,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from changelog_data import schema_of, to_frame, to_rows
+from changelog_data import load_fixture, schema_of, to_frame, to_rows
 from sql_inputs import source_options, write_changelog
 from spark_changelog.api import read_changes
 from spark_changelog.operators.keys import GLOBAL_KEY
@@ -61,6 +62,22 @@ def test_operator_over_one_constant_key_emits_the_top_changes_per_micro_batch(wi
         frame[GLOBAL_KEY] = frame[GLOBAL_KEY].astype("int32")
         assert rows(runner.run_batch(frame, processing_time_ms=i), out_cols) == want[i], i
     assert sorted(runner.state["id"].tolist()) == [1, 2, 3, 4, 5]
+
+
+def test_operator_one_row_per_batch_equals_flinks_global_top_2():
+    """Flink 2.3's per-row output for the same nine changes (tests/fixtures/
+    flink/topn.json, T5: ``partitionBy=[]``, ``Exchange(distribution=[single])``)."""
+    case = {c["name"]: c for c in load_fixture("flink/topn.json")["cases"]}[
+        "T5_global_top2_with_rank"]
+    assert [r for b in BATCHES for r in [[k, v] for k, v, _ in b]] == case["inputs"]["T"]["rows"]
+    assert any("partitionBy=[], orderBy=[score DESC]" in line for line in case["plan"])
+    schema = schema_of([GLOBAL_KEY] + COLS, [pa.int32(), pa.int64(), pa.int64()])
+    runner = LocalRunner(RetractableTopN(schema, [GLOBAL_KEY], 2, [("score", False)],
+                                         rank_column="rn"))
+    for step, (kind, values) in enumerate(case["inputs"]["T"]["rows"]):
+        frame = to_frame([(kind, [0] + values, step)], [GLOBAL_KEY] + COLS)
+        got = rows(runner.run_batch(frame, processing_time_ms=step), ["id", "score", "rn"])
+        assert [[k, v] for k, v in got] == case["expected_steps"][step], (step, kind, values)
 
 
 def source(spark, path, streaming: bool):

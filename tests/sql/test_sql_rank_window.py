@@ -107,6 +107,8 @@ API = {
     "T3_top2_insert_only_with_rank": lambda s: s.top_n(2, "p", "score DESC", with_rank=True,
                                                        key_groups=2),
     "T4_top2_insert_only_without_rank": lambda s: s.top_n(2, "p", "score DESC", key_groups=2),
+    "T5_global_top2_with_rank": lambda s: s.top_n(2, (), "score DESC", with_rank=True,
+                                                  key_groups=2),
     "A1_avg_bigint_is_bigint": lambda s: s.group_by("k").agg(
         "AVG(v) AS a", "SUM(v) AS s", "COUNT(*) AS c", key_groups=2),
     "A2_retract_all_functions": lambda s: s.group_by("k").agg(
@@ -141,6 +143,7 @@ API = {
 #: windows are run streaming, as Flink fires them, in test_seed_clicks_*)
 RUN = ["D1_proctime_keep_last_with_ttl", "D1c_proctime_keep_first", "D2_rowtime_keep_last",
        "T1_top3_retract_input_with_rank", "T4_top2_insert_only_without_rank",
+       "T5_global_top2_with_rank",
        "A2_retract_all_functions", "A5_seed_students_avg"]
 
 
