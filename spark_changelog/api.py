@@ -156,7 +156,8 @@ class ChangelogStream:
                     key_groups: Optional[int] = None) -> "ChangelogStream":
         """``ROW_NUMBER() OVER (PARTITION BY key ORDER BY order_by ASC|DESC) = 1``:
         keep the first (``keep="first"``, ASC) or last (``"last"``, DESC) row per
-        ``key`` (default: the primary key).
+        ``key`` (default: the primary key; ``key=()``: one row over the whole
+        stream, a global deduplication without PARTITION BY).
 
         ``order_by``: ``None`` orders by arrival (processing time; arrival is
         the source sequence), or the event-time attribute declared with
@@ -164,10 +165,13 @@ class ChangelogStream:
         watermark).  Keep first needs an insert-only input; keep last over a
         changelog input is ChangelogNormalize on ``key``.  ``fold_batch``:
         emit only each key's net change per micro-batch (keep last)."""
-        key = as_key(key) or self.traits.primary_key
         t = self.traits
-        if not key:
-            raise ValueError("deduplicate needs a key: the stream has no primary key; pass key=[...]")
+        if key is None:
+            key = t.primary_key
+            if not key:
+                raise ValueError("deduplicate needs a key: the stream has no primary key; pass "
+                                 "key=[...] (or key=() to keep one row over the whole stream)")
+        key = as_key(key)
         missing = [c for c in key if c not in t.columns]
         if missing:
             raise ValueError(f"deduplicate: key column(s) {missing} not among {list(t.columns)}")
@@ -201,12 +205,14 @@ class ChangelogStream:
             raise ValueError(f"group_by: column(s) {missing} not among {list(self.traits.columns)}")
         return GroupedStream(self, cols)
 
-    def top_n(self, n: int, partition_by: Union[str, Sequence[str]],
+    def top_n(self, n: int, partition_by: Union[str, Sequence[str], None],
               order_by: Union[str, Sequence], with_rank: bool = False, *,
               rank_column: str = "rn", state_ttl_ms: Optional[int] = None,
               key_groups: Optional[int] = None) -> "ChangelogStream":
         """``ROW_NUMBER() OVER (PARTITION BY partition_by ORDER BY order_by) <= n``:
-        the changes to each partition's top ``n`` rows.  ``order_by``:
+        the changes to each partition's top ``n`` rows.  ``partition_by=()``
+        (or None): one top ``n`` over the whole stream (a global Top-N; its
+        state is one key, so it runs in one task, as in Flink).  ``order_by``:
         ``"score DESC, id"`` or ``[("score", False), "id"]``; ``with_rank``
         adds the row number as ``rank_column`` (the output is then keyed on
         partition and rank)."""
@@ -214,9 +220,8 @@ class ChangelogStream:
         t = self.traits
         order = _order_items(order_by)
         missing = [c for c in list(part) + [c for c, _ in order] if c not in t.columns]
-        if missing or not part:
-            raise ValueError(f"top_n: column(s) {missing or '(no partition)'} not among "
-                             f"{list(t.columns)}")
+        if missing:
+            raise ValueError(f"top_n: column(s) {missing} not among {list(t.columns)}")
         if int(n) < 1:
             raise ValueError(f"top_n: n must be at least 1, got {n}")
         if with_rank and rank_column in t.columns:
@@ -261,8 +266,9 @@ class ChangelogStream:
                ) -> "WindowedStream":
         """Event-time windows (docs/windows.md): ``window`` is
         ``tumble("ts", "1 minute")``, ``hop("ts", slide, size)``,
-        ``cumulate("ts", step, max_size)`` or ``session("ts", gap)`` (needs
-        group keys) from ``spark_changelog.operators.window``;
+        ``cumulate("ts", step, max_size)`` or ``session("ts", gap)`` (sessions
+        merge per group key; without group keys one session sequence over the
+        whole stream, run as one key) from ``spark_changelog.operators.window``;
         then ``.aggregate(by=[...], users="count(distinct u)", n="count(*)")``.
 
         ``watermark``: a generator (``BoundedOutOfOrderness``, ``Punctuated``,
@@ -561,8 +567,6 @@ class WindowedStream:
         missing = [c for c in by if c not in cols]
         if missing:
             raise ValueError(f"aggregate: group key(s) {missing} not among {list(cols)}")
-        if self.tvf.window.merging and not by:
-            raise PlanError("session windows need group keys (by=[...]): sessions merge per key")
         calls = tuple(_agg_call(name, text, cols) for name, text in aggregates.items())
         return self.stream._derive(WindowAggregate(self.tvf, by, calls, self.allowed_lateness_ms,
                                                    key_groups))

@@ -6,6 +6,12 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+#: the constant key column of a keyed operator over a query without keys (a
+#: global Top-N, deduplication or session window: one key, all rows in one key
+#: group, Flink's parallelism 1): the lowering adds it before the operator and
+#: drops it after, so it never reaches an output (docs/operators.md, "Top-N")
+GLOBAL_KEY = "$global"
+
 
 def key_index(df: pd.DataFrame, key: Sequence[str]) -> pd.Index:
     """An index over the key columns of ``df`` (exact values, nulls included)."""

@@ -37,6 +37,7 @@ from ..model import KIND_COL, SEQ_COL, RowKind
 from ..model.rowkind import IS_ADD
 from .base import KeyedOperator, OpContext
 from .kernels import concat_frames, factorize_rows, fifo_survivors, rows_equal, run_starts
+from .keys import GLOBAL_KEY
 
 ORDER_COL = "_order"       # state: arrival order of the row (ties)
 TOUCHED_COL = "_ts"        # state: processing time of the last write (TTL)
@@ -52,7 +53,9 @@ class _TopN(KeyedOperator):
                  order_by: Sequence[OrderItem], *, rank_column: Optional[str] = None,
                  state_ttl_ms: Optional[int] = None):
         if not partition_by:
-            raise ValueError(f"{self.name}: PARTITION BY needs at least one column")
+            raise ValueError(f"{self.name}: the partition needs at least one column (a global "
+                             f"Top-N is keyed on a constant column, {GLOBAL_KEY!r}, which the "
+                             "lowering adds)")
         super().__init__(input_schema, tuple(partition_by))
         if int(n) < 1:
             raise ValueError(f"{self.name}: N must be at least 1, got {n}")

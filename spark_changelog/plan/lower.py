@@ -26,6 +26,7 @@ from typing import Optional
 
 from ..model import KIND_COL, METRICS_COL, METRICS_KIND, SEQ_COL, ChangelogMode
 from ..model.rowkind import RowKind
+from ..operators.keys import GLOBAL_KEY
 from ..runtime.spark_keyed import DEFAULT_KEY_GROUPS, apply_keyed, arrow_schema_of
 from . import expressions
 from .nodes import (WINDOW_END, WINDOW_START, Aggregate, Deduplicate, Filter, Join, Materialize,
@@ -121,12 +122,12 @@ def _lower(node: Node) -> Lowered:
         return _keyed(inp, inp.df, op, node.key_groups)
     if isinstance(node, TopN):
         from ..operators.top_n import AppendOnlyTopN, RetractableTopN
-        inp = lower(node.input)
+        inp, partition = _keyed_input(lower(node.input), node.partition_by)
         cls = AppendOnlyTopN if node.input.traits.mode is ChangelogMode.INSERT_ONLY \
             else RetractableTopN
-        op = cls(arrow_schema_of(inp.data_df), node.partition_by, node.n, node.order_by,
+        op = cls(arrow_schema_of(inp.data_df), partition, node.n, node.order_by,
                  rank_column=node.rank_column, state_ttl_ms=node.state_ttl_ms)
-        return _keyed(inp, inp.df, op, node.key_groups)
+        return _without_global_key(_keyed(inp, inp.df, op, node.key_groups))
     raise PlanError(f"no lowering for plan node {type(node).__name__}")
 
 
@@ -139,17 +140,20 @@ def _window_aggregate(node: WindowAggregate) -> Lowered:
     from ..operators.window.aggregate import WindowAggregate as WindowAggregateOp
     from ..runtime.spark_event_time import apply_event_time
     tvf = node.input
+    group_keys = node.group_keys
     inp = lower(tvf.input)
+    if tvf.window.merging:   # sessions merge per key: the operator's key is the group keys
+        inp, group_keys = _keyed_input(inp, group_keys)
     data = arrow_schema_of(inp.data_df)
     ts = pa.timestamp("us", tz="UTC")
     fields = [f for f in data if f.name not in (KIND_COL, SEQ_COL)]
     projected = pa.schema(fields + [pa.field(WINDOW_START, ts), pa.field(WINDOW_END, ts),
                                     data.field(KIND_COL), data.field(SEQ_COL)])
     cls = SessionWindowAggregate if tvf.window.merging else WindowAggregateOp
-    op = cls(projected, node.group_keys, [AggCall(*a) for a in node.aggregates],
+    op = cls(projected, group_keys, [AggCall(*a) for a in node.aggregates],
              allowed_lateness_ms=node.allowed_lateness_ms, time_column=tvf.column)
     out = apply_event_time(inp.df, op, tvf.spec, assigner=tvf.window, key_groups=node.key_groups)
-    return Lowered(out, inp.operators + (op,))
+    return _without_global_key(Lowered(out, inp.operators + (op,)))
 
 
 def _deduplicate(node: Deduplicate, inp: Lowered) -> Lowered:
@@ -157,22 +161,44 @@ def _deduplicate(node: Deduplicate, inp: Lowered) -> Lowered:
     is ChangelogNormalize; the insert-only variants by keep and time."""
     from ..operators import deduplicate as d
     from ..operators.normalize import ChangelogNormalize
+    inp, key = _keyed_input(inp, node.key)
     schema = arrow_schema_of(inp.data_df)
     if node.input.traits.mode is not ChangelogMode.INSERT_ONLY:
-        op = ChangelogNormalize(schema, node.key, state_ttl_ms=node.state_ttl_ms,
+        op = ChangelogNormalize(schema, key, state_ttl_ms=node.state_ttl_ms,
                                 generate_update_before=node.generate_update_before,
                                 fold_batch=node.fold_batch)
     elif node.keep == "first":
-        op = (d.ProcTimeKeepFirst(schema, node.key, state_ttl_ms=node.state_ttl_ms)
+        op = (d.ProcTimeKeepFirst(schema, key, state_ttl_ms=node.state_ttl_ms)
               if node.order_by is None else
-              d.RowTimeKeepFirst(schema, node.key, node.order_by, state_ttl_ms=node.state_ttl_ms))
+              d.RowTimeKeepFirst(schema, key, node.order_by, state_ttl_ms=node.state_ttl_ms))
     else:
         flags = dict(state_ttl_ms=node.state_ttl_ms, fold_batch=node.fold_batch,
                      generate_update_before=node.generate_update_before,
                      generate_insert=node.generate_insert)
-        op = (d.ProcTimeKeepLast(schema, node.key, **flags) if node.order_by is None
-              else d.RowTimeKeepLast(schema, node.key, node.order_by, **flags))
-    return _keyed(inp, inp.df, op, node.key_groups)
+        op = (d.ProcTimeKeepLast(schema, key, **flags) if node.order_by is None
+              else d.RowTimeKeepLast(schema, key, node.order_by, **flags))
+    return _without_global_key(_keyed(inp, inp.df, op, node.key_groups))
+
+
+def _keyed_input(inp: Lowered, key: tuple) -> tuple[Lowered, tuple]:
+    """The input and key of a keyed operator.  A query without keys (a global
+    Top-N, deduplication or session window) runs as one key: a constant
+    hidden column (:data:`~spark_changelog.operators.keys.GLOBAL_KEY`), so
+    every row lands in one key group, as Flink runs it with parallelism 1.
+    The plan node keeps the empty key (explain shows ``partitionBy=[]``)."""
+    if key:
+        return inp, tuple(key)
+    from pyspark.sql import functions as F
+    # null on side rows, like every data column of theirs (so the column is nullable)
+    constant = F.when(F.col(KIND_COL) != F.lit(METRICS_KIND), F.lit(0))
+    return dataclasses.replace(inp, df=inp.df.withColumn(GLOBAL_KEY, constant)), (GLOBAL_KEY,)
+
+
+def _without_global_key(out: Lowered) -> Lowered:
+    """``out`` without the hidden key column of :func:`_keyed_input`."""
+    if GLOBAL_KEY not in out.df.columns:
+        return out
+    return dataclasses.replace(out, df=out.df.drop(GLOBAL_KEY))
 
 
 def _keyed(inp: Lowered, df, op, key_groups: Optional[int]) -> Lowered:

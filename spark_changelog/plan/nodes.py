@@ -620,9 +620,10 @@ class Deduplicate(_Unary):
                      "behind the watermark are dropped as late (Flink 2.3)",)
         if self.fold_batch and self.keep == "last":
             notes += (MINI_BATCH_NOTE,)
+        # a global deduplication (no key) keeps one row: no key column identifies it
         return dataclasses.replace(
-            t, mode=mode, unique_keys=_dedup_keys([key] + list(t.unique_keys)), upsert_key=key,
-            primary_key=key, notes=notes, ordered=True)
+            t, mode=mode, unique_keys=_dedup_keys([key] + list(t.unique_keys)),
+            upsert_key=key or None, primary_key=key, notes=notes, ordered=True)
 
 
 #: an aggregate call of GroupAggregate: (function, column or None for COUNT(*), output name)

@@ -38,7 +38,8 @@ RANK_MARKER = "\x00row_number"
 @dataclasses.dataclass(frozen=True)
 class RankCall:
     """``ROW_NUMBER() OVER (PARTITION BY partition ORDER BY order) AS name``
-    over the relation's stream (columns of that stream)."""
+    over the relation's stream (columns of that stream); ``partition`` empty
+    without PARTITION BY (one ranking over the whole stream)."""
 
     name: str
     partition: tuple
@@ -86,9 +87,6 @@ def rank_relation(tr: "Translator", rel: "Relation", q: exp.Select, pos: Positio
             raise tr._unsupported("ORDER BY in OVER takes columns (compute an expression in a "
                                   "view first)", col, pos)
         ordered.append((tr._resolve(col, rel, pos), not o.args.get("desc")))
-    if not partition:
-        raise tr._unsupported("ROW_NUMBER() without PARTITION BY (a global Top-N) is not "
-                              "supported yet", window, pos)
 
     others = [e for i, e in enumerate(q.expressions) if i != idx]
     shown = _selected(tr, rel, others, pos)

@@ -195,10 +195,8 @@ def aggregate(tr: "Translator", rel: "Relation", q: exp.Select, pos: Position) -
         raise tr.script.error("a window aggregation groups by window_start and window_end (and "
                               "optionally more columns)", gpos, UnsupportedFeature)
     if call.window[1].merging:
-        if not call.partition:
-            raise tr._unsupported("SESSION without PARTITION BY (one global session) is not "
-                                  "supported yet: SESSION(TABLE t PARTITION BY k, ...)",
-                                  call.node, pos)
+        # without PARTITION BY (and without group keys) one session sequence
+        # over the whole stream
         if set(call.partition) != set(keys):
             raise tr.script.error("SESSION(TABLE t PARTITION BY ...): the GROUP BY columns "
                                   "besides window_start and window_end must be the PARTITION BY "

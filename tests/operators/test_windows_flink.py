@@ -118,22 +118,25 @@ def test_batch_end_of_input_fires_every_window_nothing_late():
 
 def test_session_windows_fire_after_the_same_arrival_as_flink():
     """SESSION(gap 30 s) on the seed clicks.  Sessions merge per key; Flink's
-    global session is keyed here by a constant column ``g``."""
+    global session is keyed on the constant column the lowering adds
+    (``GLOBAL_KEY``), which the late rows leave out."""
+    from spark_changelog.operators.keys import GLOBAL_KEY as g
     from spark_changelog.operators.window.aggregate import SessionWindowAggregate
     from spark_changelog.model.windows import Session
     case = CASES["W_seed_session"]
     ts = pa.timestamp("us", tz="UTC")
-    schema = pa.schema([("g", pa.int64())] + list(SCHEMA)[:3] + [
+    schema = pa.schema([(g, pa.int64())] + list(SCHEMA)[:3] + [
         pa.field("window_start", ts), pa.field("window_end", ts)] + list(SCHEMA)[3:])
-    op = SessionWindowAggregate(schema, ["g"], [AggCall("users", "count_distinct", "u"),
+    op = SessionWindowAggregate(schema, [g], [AggCall("users", "count_distinct", "u"),
                                                 AggCall("clicks", "count")])
     run = LocalEventTimeRunner(op, EventTimeSpec(BoundedOutOfOrderness("rt", BOUND_MS)),
                                lambda t: assign_windows(t, "rt", Session(30_000)))
     rows = case["inputs"]["T"]["rows"]
     for i, (step, (_, (user, t_ms))) in enumerate(zip(case["expected_steps"], rows)):
         b = batch(i, user, t_ms)
-        out = run.run_batch(b.add_column(0, "g", pa.array([1], pa.int64())), processing_time_ms=i)
+        out = run.run_batch(b.add_column(0, g, pa.array([1], pa.int64())), processing_time_ms=i)
         assert rows_of(out, False) == step, (i, user)
     assert rows_of(run.end_of_input(), False) == case["expected_after_end_of_input"]
     # the late click: its own session [20:44:54, 20:45:24) closed at 20:46:44
     assert [r["row"]["u"] for r in run.late_rows] == ["User5"]
+    assert g not in run.late_rows[0]["row"]

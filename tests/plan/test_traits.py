@@ -81,6 +81,10 @@ TRAIT_CASES = {
     "top_n_with_rank": (TopN(S1, ("level",), 3, (("id", False),), "rn"),
                         (R, [["id"], ["level", "rn"]], ["level", "rn"])),
     "top_n_without_rank": (TopN(S1, ("level",), 3, (("id", False),)), (R, [["id"]], [])),
+    # no partition (a global Top-N): the rank alone is unique
+    "top_n_global_with_rank": (TopN(S1, (), 3, (("id", False),), "rn"),
+                               (R, [["id"], ["rn"]], ["rn"])),
+    "dedup_global_keep_first": (Deduplicate(INS, (), "first"), (I, [["id"]], [])),
 }
 
 

@@ -19,7 +19,7 @@ import pytest
 from changelog_data import load_fixture, to_rows
 from sql_inputs import create_table, write_changelog
 from spark_changelog.api import read_changes
-from spark_changelog.model.windows import cumulate, hop, tumble
+from spark_changelog.model.windows import cumulate, hop, session, tumble
 from spark_changelog.sql.script import parse_script
 from spark_changelog.sql.translate import Translator
 
@@ -107,6 +107,8 @@ API = {
     "T3_top2_insert_only_with_rank": lambda s: s.top_n(2, "p", "score DESC", with_rank=True,
                                                        key_groups=2),
     "T4_top2_insert_only_without_rank": lambda s: s.top_n(2, "p", "score DESC", key_groups=2),
+    "T5_global_top2_with_rank": lambda s: s.top_n(2, (), "score DESC", with_rank=True,
+                                                  key_groups=2),
     "A1_avg_bigint_is_bigint": lambda s: s.group_by("k").agg(
         "AVG(v) AS a", "SUM(v) AS s", "COUNT(*) AS c", key_groups=2),
     "A2_retract_all_functions": lambda s: s.group_by("k").agg(
@@ -132,20 +134,23 @@ API = {
     "W_seed_cumulate": windowed(cumulate("rt", "1 minute", "2 minutes"), [],
                                 ["window_start", "window_end", "users", "clicks"],
                                 users="count(distinct u)", clicks="count(*)"),
+    "W_seed_session": windowed(session("rt", "30 seconds"), [],
+                               ["window_start", "window_end", "users", "clicks"],
+                               users="count(distinct u)", clicks="count(*)"),
 }
 #: run on Spark in batch (two jobs each): Flink's final table is batch's too
 #: (no row of these is late or waits for a watermark that never comes; the
 #: windows are run streaming, as Flink fires them, in test_seed_clicks_*)
 RUN = ["D1_proctime_keep_last_with_ttl", "D1c_proctime_keep_first", "D2_rowtime_keep_last",
        "T1_top3_retract_input_with_rank", "T4_top2_insert_only_without_rank",
+       "T5_global_top2_with_rank",
        "A2_retract_all_functions", "A5_seed_students_avg"]
 
 
 def test_every_recorded_query_has_an_api_form():
     # D7 is a plain SELECT of an upsert input (ChangelogNormalize, tests/sql/test_sql_flink_fixtures
-    # covers it through the sink); a global SESSION is rejected (test_sql_errors)
-    assert sorted(set(CASES) - set(API)) == ["D7_changelog_keep_last_key_only_delete",
-                                              "W_seed_session"]
+    # covers it through the sink)
+    assert sorted(set(CASES) - set(API)) == ["D7_changelog_keep_last_key_only_delete"]
 
 
 @pytest.mark.parametrize("name", sorted(API))
@@ -186,3 +191,24 @@ def test_sql_and_api_emit_the_same_changes_and_flinks_final_table(spark, tmp_pat
     assert got_sql == got_api
     flink = final(case["expected"])           # it ends with the end-of-input changes
     assert final(got_sql) == flink and flink
+
+
+#: ``W_seed_session`` (one session sequence over the whole stream, no PARTITION
+#: BY) in batch: every click arrives before any watermark, so the click Flink's
+#: streaming run dropped as late (User5 20:44:54) merges the sessions after it
+#: up to 20:47:02 (the streaming replay is in test_sql_windows_seed)
+SESSION_BATCH = [("+I", ["2021-01-15T20:44:23", "2021-01-15T20:44:53", 1, 1]),
+                 ("+I", ["2021-01-15T20:44:54", "2021-01-15T20:47:02", 5, 6]),
+                 ("+I", ["2021-01-15T20:47:32", "2021-01-15T20:48:14", 2, 2])]
+
+
+def test_global_session_sql_and_api_batch(spark, tmp_path):
+    case = CASES["W_seed_session"]
+    sql = sql_stream(spark, case, tmp_path / "sql")
+    assert "WindowAggregate(groupBy=[], window=[SESSION(" in sql.explain()
+    cols = list(sql.schema.columns)
+    assert cols == ["window_start", "window_end", "users", "clicks"]
+    got_sql = _plain(to_rows(sql.collect(), cols))
+    got_api = _plain(to_rows(API["W_seed_session"](source(spark, case, tmp_path / "api"))
+                             .collect(), cols))
+    assert sorted(got_sql) == sorted(got_api) == SESSION_BATCH

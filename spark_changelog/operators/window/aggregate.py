@@ -51,7 +51,7 @@ from ...model import KIND_COL, SEQ_COL, RowKind
 from ..aggregate.accumulators import Contributions, make_accumulator
 from ..base import KeyedOperator, OpContext
 from ..kernels import key_codes, rows_equal
-from ..keys import key_index
+from ..keys import GLOBAL_KEY, key_index
 
 WINDOW_START = "window_start"
 WINDOW_END = "window_end"
@@ -214,7 +214,9 @@ class WindowAggregate(KeyedOperator):
     def _late(self, rows: pd.DataFrame, ctx: OpContext, reason: str) -> None:
         """Late rows go to the late output (side-row channel), counted."""
         ctx.metrics.add("late_rows", len(rows))
-        data = rows.drop(columns=[KIND_COL, SEQ_COL, WINDOW_START, WINDOW_END])
+        # a session window without group keys is keyed on a hidden constant: not the row's
+        data = rows.drop(columns=[KIND_COL, SEQ_COL, WINDOW_START, WINDOW_END]
+                         + [c for c in rows.columns if c == GLOBAL_KEY])
         bounds = [[None if pd.isna(v) else int(v.value // 1_000_000) for v in rows[c]]
                   for c in (WINDOW_START, WINDOW_END)]
         seqs = rows[SEQ_COL].tolist()
@@ -331,7 +333,9 @@ class WindowAggregate(KeyedOperator):
 class SessionWindowAggregate(WindowAggregate):
     """GROUP BY keys over SESSION windows (docs/windows.md, "Sessions").
 
-    The operator's key is the group keys (they must not be empty); the
+    The operator's key is the group keys (they must not be empty: a session
+    window without group keys is lowered with a constant hidden key column,
+    ``operators.keys.GLOBAL_KEY``, which late-output records leave out); the
     projection gave each row ``[t, t + gap)``.  Per key, a batch's rows and
     the open sessions in state merge where they overlap or touch
     (:func:`~spark_changelog.model.windows.merge_sessions`); a merged session takes the union of
@@ -346,8 +350,9 @@ class SessionWindowAggregate(WindowAggregate):
     @staticmethod
     def _operator_key(group_keys: tuple) -> tuple:
         if not group_keys:
-            raise ValueError("session windows need group keys (GROUP BY / by=[...]): sessions "
-                             "are merged per key")
+            raise ValueError(f"{SessionWindowAggregate.name} is keyed by its group keys "
+                             "(sessions merge per key): without any, key it on a constant "
+                             f"column ({GLOBAL_KEY!r}, what the lowering adds)")
         return group_keys
 
     def process(self, state, rows, ctx):
