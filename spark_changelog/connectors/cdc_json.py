@@ -10,9 +10,10 @@ is never one composite row).
 Everything runs inside Spark, batch or streaming, with the same expressions.
 Files are cut into numbered lines in parallel over byte ranges
 (:mod:`~spark_changelog.connectors.lines`: exact 1-based line numbers however a
-file is split).  Each line is parsed once: Debezium lines first go through
-Spark's JSON parser with the typed envelope (``from_json``), and a line that
-passes every check there is done; any other line (and every line of the other
+file is split).  Each line is parsed once: Debezium lines are first parsed
+with the typed envelope by Arrow's JSON reader in that same line task
+(:mod:`~spark_changelog.connectors.debezium_arrow`), and a line that passes
+every check there is done; any other line (and every line of the other
 formats) is parsed into a VARIANT (``try_parse_json``) and checked field by
 field with ``variant_get``, which states the reason of a bad record.  A
 streaming read yields exactly the rows of a batch read of the same files

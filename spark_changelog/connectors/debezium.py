@@ -35,7 +35,8 @@ from spark_changelog.connectors import cdc_json as C
 from spark_changelog.connectors.cdc_json import Sql, all_of, concat, lit, when
 
 OPS = ("c", "r", "u", "d")
-#: column types whose conversion by ``from_json`` equals the variant path's
+#: column types whose conversion by Arrow's JSON reader (strict: no conversion at all) the
+#: variant path agrees with
 FAST_TYPES = (T.BooleanType, T.IntegerType, T.LongType, T.DoubleType, T.StringType)
 IGNORED_OPS = ("m",)
 

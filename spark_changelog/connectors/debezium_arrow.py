@@ -157,8 +157,11 @@ class DebeziumArrowParser:
         if table is None or not parsed.any():
             arrays = [pa.array(np.zeros(n, dtype=bool))] + [pa.nulls(n, f.type) for f in self.fields[1:]]
             return arrays, np.ones(n, dtype=bool)
-        take = pa.array(rows, mask=~parsed)
-        top = {name: _flat(table.column(name).take(take)) for name in table.column_names}
+        if parsed.all() and table.num_rows == n and np.array_equal(rows, np.arange(n)):
+            top = {name: _flat(table.column(name)) for name in table.column_names}   # no reordering needed
+        else:
+            take = pa.array(rows, mask=~parsed)
+            top = {name: _flat(table.column(name).take(take)) for name in table.column_names}
         has_schema = _valid(top["schema"])
         has_payload = np.zeros(n, dtype=bool)
         if wrapped_table is not None:
@@ -181,10 +184,11 @@ class DebeziumArrowParser:
         return arrays, ~good
 
     def _images_ok(self, op: pa.Array, before: pa.Array, after: pa.Array) -> np.ndarray:
-        ops = np.asarray(op.fill_null("").to_numpy(zero_copy_only=False), dtype=object)
+        def is_op(*values: str) -> np.ndarray:
+            return _valid(pc.if_else(pc.is_in(op, pa.array(values)), True, None))
+
         after_ok, before_ok = self._key_present(after), self._key_present(before)
-        return (np.isin(ops, ("c", "r")) & after_ok) | ((ops == "u") & after_ok & before_ok) | (
-            (ops == "d") & before_ok)
+        return (is_op("c", "r") & after_ok) | (is_op("u") & after_ok & before_ok) | (is_op("d") & before_ok)
 
     def _key_present(self, image: pa.Array) -> np.ndarray:
         ok = _valid(image)
