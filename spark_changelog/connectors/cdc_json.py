@@ -10,9 +10,10 @@ is never one composite row).
 Everything runs inside Spark, batch or streaming, with the same expressions.
 Files are cut into numbered lines in parallel over byte ranges
 (:mod:`~spark_changelog.connectors.lines`: exact 1-based line numbers however a
-file is split).  Each line is parsed once: Debezium lines first go through
-Spark's JSON parser with the typed envelope (``from_json``), and a line that
-passes every check there is done; any other line (and every line of the other
+file is split).  Each line is parsed once: Debezium lines are first parsed
+with the typed envelope by Arrow's JSON reader in that same line task
+(:mod:`~spark_changelog.connectors.debezium_arrow`), and a line that passes
+every check there is done; any other line (and every line of the other
 formats) is parsed into a VARIANT (``try_parse_json``) and checked field by
 field with ``variant_get``, which states the reason of a bad record.  A
 streaming read yields exactly the rows of a batch read of the same files
@@ -501,7 +502,7 @@ def stage(df: DataFrame, **columns: Sql) -> DataFrame:
 # --------------------------------------------------------------------------- lines
 
 
-def read_lines(ctx: ReadContext, keep_header: bool = False) -> DataFrame:
+def read_lines(ctx: ReadContext, keep_header: bool = False, parser=None) -> DataFrame:
     """One row per line: ``file`` string, ``file_no`` bigint (:func:`file_number`),
     ``line`` bigint (1-based), ``raw`` string; with ``keep_header`` a ``header``
     column holds the file's first line (for CSV).
@@ -509,11 +510,13 @@ def read_lines(ctx: ReadContext, keep_header: bool = False) -> DataFrame:
     Files are read in parallel over byte ranges with exact line numbers
     (:mod:`spark_changelog.connectors.lines`).  A byte-order mark and CRLF line
     ends are removed; blank lines after a file's last non-blank line are not
-    returned.
+    returned.  A ``parser`` (``lines.read_lines``) adds its typed columns and
+    leaves ``raw`` NULL on the lines it does not need the text of.
     """
     from spark_changelog.connectors.lines import read_lines as numbered_lines
     return numbered_lines(ctx.spark, ctx.path, streaming=ctx.streaming,
-                          max_files_per_trigger=ctx.max_files_per_trigger, keep_header=keep_header)
+                          max_files_per_trigger=ctx.max_files_per_trigger, keep_header=keep_header,
+                          parser=parser)
 
 
 def is_blank(raw: Sql) -> Sql:

@@ -35,7 +35,8 @@ from spark_changelog.connectors import cdc_json as C
 from spark_changelog.connectors.cdc_json import Sql, all_of, concat, lit, when
 
 OPS = ("c", "r", "u", "d")
-#: column types whose conversion by ``from_json`` equals the variant path's
+#: column types whose conversion by Arrow's JSON reader (strict: no conversion at all) the
+#: variant path agrees with
 FAST_TYPES = (T.BooleanType, T.IntegerType, T.LongType, T.DoubleType, T.StringType)
 IGNORED_OPS = ("m",)
 
@@ -79,49 +80,46 @@ def position(prefix: str = "") -> tuple[Sql, Sql]:
     )
 
 
-def fast_parse(df: DataFrame, schema, key) -> DataFrame:
-    """The common record, parsed once with Spark's JSON parser (``from_json``
-    with the typed envelope): ``_fast`` marks lines whose every check passes
-    there, with ``_f_op``/``_f_before``/``_f_after``/``_f_pos`` their values.
+def arrow_parser(schema, key):
+    """The line task's parser (:mod:`debezium_arrow`) when every column is of
+    :data:`FAST_TYPES`, else None (then every line takes the VARIANT path)."""
+    if not all(isinstance(f.dataType, FAST_TYPES) for f in schema.fields):
+        return None
+    from spark_changelog.connectors.debezium_arrow import DebeziumArrowParser
+    return DebeziumArrowParser([(f.name, f.dataType.simpleString()) for f in schema.fields], key)
 
-    A line is fast when it parsed without any conversion failure (no
-    ``_corrupt_record``), is a plain or ``schemas.enable`` envelope, has op
-    c/r/u/d with the images that op needs, no null key column and an encodable
-    position.  Everything else (malformed or wrong-typed input, tombstones,
-    control records, strings holding numbers) takes the variant path of
+
+def fast_columns(df: DataFrame, schema, key, parsed: bool) -> DataFrame:
+    """``_fast`` marks lines whose every check passes on the envelope the line
+    task parsed (``_j_*``, :mod:`debezium_arrow`), with ``_f_op``/``_f_before``/
+    ``_f_after``/``_f_pos`` their values.
+
+    A line is fast when Arrow parsed it (strictly typed: no conversion at all),
+    it is a plain or ``schemas.enable`` envelope, has op c/r/u/d with the
+    images that op needs, no null key column and an encodable position.
+    Everything else (malformed or wrong-typed input, tombstones, control
+    records, strings holding numbers, repeated keys) takes the VARIANT path of
     :func:`parse`, which states the reason: both give the same rows for a fast
-    line, the fast path is only quicker.  One difference: a key repeated in a
-    JSON object is taken with its last value (as Spark's and Flink's JSON
-    readers do) rather than rejecting the record.
+    line, the fast path is only quicker.  The line task leaves ``raw`` NULL
+    only on lines it found fast by the same rules; should Spark disagree, the
+    query fails rather than lose the line.
 
-    Only for schemas of :data:`FAST_TYPES`: Spark's JSON reader converts other
-    types differently (it takes epoch numbers for timestamps, which the readers
-    reject); those reads take the variant path for every line.
+    ``parsed`` False (a schema with a column outside :data:`FAST_TYPES`, whose
+    values Arrow would convert differently): no line is fast.
     """
     image = "struct<" + ", ".join(f"{C.ident(f.name)}: {f.dataType.simpleString()}" for f in schema.fields) + ">"
-    if not all(isinstance(f.dataType, FAST_TYPES) for f in schema.fields):
+    if not parsed:
         return C.stage(df, _fast="false", _f_op="CAST(NULL AS STRING)", _f_before=f"CAST(NULL AS {image})",
                        _f_after=f"CAST(NULL AS {image})", _f_pos="CAST(NULL AS BIGINT)")
-    source = "struct<lsn: bigint, file: string, pos: bigint, row: bigint, ts_ms: bigint>"
-    envelope = f"before: {image}, after: {image}, op: string, source: {source}, ts_ms: bigint"
-    spec = f"struct<schema: string, payload: struct<{envelope}>, {envelope}, _corrupt_record: string>"
-    options = "map('allowSingleQuotes', 'false', 'allowNonNumericNumbers', 'false', 'mode', 'PERMISSIVE')"
-    df = C.stage(df, _p=f"from_json(raw, {C.lit(spec)}, {options})")
-    schemas_form = "(_p.schema IS NOT NULL AND _p.payload IS NOT NULL)"
-    shape_ok = ("(_p IS NOT NULL AND _p._corrupt_record IS NULL "
-                "AND (_p.schema IS NULL) = (_p.payload IS NULL))")
-    env = lambda f: f"CASE WHEN {schemas_form} THEN _p.payload.{f} ELSE _p.{f} END"  # noqa: E731
-    df = C.stage(df, _f_shape=shape_ok, _f_op=env("op"), _f_before=env("before"), _f_after=env("after"),
-                 _f_lsn=env("source.lsn"), _f_file=env("source.file"), _f_spos=env("source.pos"),
-                 _f_row=env("source.row"), _f_ts=f"coalesce({env('ts_ms')}, {env('source.ts_ms')})")
     suffix, ends_in_digit = C.lit(r"(\d+)$"), C.lit(r"\d$")
     df = C.stage(
         df,
-        _f__lsn="_f_lsn",
-        _f__binlog_no=C.digits_number(f"regexp_extract(_f_file, {suffix}, 1)"),
-        _f__has_binlog=C.all_of(f"coalesce(_f_file, '') RLIKE {ends_in_digit}", "_f_spos IS NOT NULL"),
-        _f__binlog_offset="try_add(_f_spos, coalesce(_f_row, 0))",
-        _f__ts="_f_ts",
+        _f_op="_j_op", _f_before="_j_before", _f_after="_j_after",
+        _f__lsn="_j_lsn",
+        _f__binlog_no=C.digits_number(f"regexp_extract(_j_file, {suffix}, 1)"),
+        _f__has_binlog=C.all_of(f"coalesce(_j_file, '') RLIKE {ends_in_digit}", "_j_spos IS NOT NULL"),
+        _f__binlog_offset="try_add(_j_spos, coalesce(_j_row, 0))",
+        _f__ts="_j_ts",
     )
     pos, pos_err = position("_f_")
 
@@ -133,17 +131,23 @@ def fast_parse(df: DataFrame, schema, key) -> DataFrame:
         ("_f_op = 'u'", C.all_of(key_present("_f_after"), key_present("_f_before"))),
         ("_f_op = 'd'", key_present("_f_before")),
         otherwise="false")
-    return C.stage(df, _f_pos=pos, _fast=f"coalesce(_f_shape AND {images_ok} AND {pos_err} IS NULL, false)")
+    fast = f"coalesce(_j_ok AND {images_ok} AND {pos_err} IS NULL, false)"
+    lost = C.concat(lit("internal error: the line task left out the text of line "), "CAST(line AS STRING)",
+                    lit(" of "), "file", lit(", which the fast path rejects"))
+    return C.stage(df, _f_pos=pos,
+                   _fast=f"CASE WHEN {fast} THEN true WHEN raw IS NULL THEN CAST(raise_error({lost}) AS BOOLEAN) "
+                         "ELSE false END")
 
 
 def parse(ctx: C.ReadContext) -> DataFrame:
     """Per-line frame for :func:`cdc_json.finish`, built in a few named projections.
 
-    Lines :func:`fast_parse` accepts take its values; the others are parsed
+    Lines :func:`fast_columns` accepts take its values; the others are parsed
     into a VARIANT and checked field by field (every column staged below
     is NULL for fast lines, so the variant path costs nothing there)."""
     cols, key, schema = ctx.columns, ctx.primary_key, ctx.schema
-    df = fast_parse(C.read_lines(ctx), schema, key)
+    parser = arrow_parser(schema, key)
+    df = fast_columns(C.read_lines(ctx, parser=parser), schema, key, parsed=parser is not None)
 
     def stage(frame, **columns):
         return C.stage(frame, **{n: f"CASE WHEN _fast THEN NULL ELSE {e} END" for n, e in columns.items()})

@@ -22,7 +22,11 @@ Python task (``mapInArrow``) reads its range with ``pyarrow.fs``:
 * lines are cut with numpy on the byte buffer, and go back to the JVM as one
   Arrow string column: no Python object per line.
 
-The parsing itself (JSON, CSV, validation) stays in Spark.
+A format may hand the task a *line parser* (``parser=``, e.g.
+:class:`~spark_changelog.connectors.debezium_arrow.DebeziumArrowParser`): it
+adds typed columns for the lines it can parse and says which lines still need
+their text; the others get ``raw`` NULL, so their text never crosses to the JVM.
+Every decision (validation, dead letters) stays in Spark.
 
 Normalisation (as documented for the readers): a UTF-8 byte-order mark at the
 start of a file is dropped, ``\\r\\n`` line ends count as ``\\n`` (a lone ``\\r``
@@ -47,6 +51,8 @@ _BOM = b"\xef\xbb\xbf"
 _BLANK = b" \t\r\n"
 #: bytes read per call when looking for the end of a range's last line
 _CHUNK = 1 << 20
+#: lines per Arrow batch a range task yields
+_BATCH_LINES = 32768
 
 
 def file_number(path: str) -> int:
@@ -62,24 +68,28 @@ def file_number(path: str) -> int:
     return _OUT_OF_RANGE if len(digits) > _ROW_LIMIT_DIGITS else int(digits)
 
 
-def line_schema(keep_header: bool) -> pa.Schema:
-    fields = [("file", pa.string()), ("file_no", pa.int64()), ("line", pa.int64()), ("raw", pa.string())]
+def line_schema(keep_header: bool, parser=None) -> pa.Schema:
+    fields = [pa.field("file", pa.string()), pa.field("file_no", pa.int64()), pa.field("line", pa.int64()),
+              pa.field("raw", pa.string())]
     if keep_header:
-        fields.append(("header", pa.string()))
-    return pa.schema(fields)
+        fields.append(pa.field("header", pa.string()))
+    return pa.schema(fields + (list(parser.fields) if parser is not None else []))
 
 
-def line_ddl(keep_header: bool) -> str:
-    return "file STRING, file_no BIGINT, line BIGINT, raw STRING" + (", header STRING" if keep_header else "")
+def line_ddl(keep_header: bool, parser=None) -> str:
+    return ("file STRING, file_no BIGINT, line BIGINT, raw STRING" + (", header STRING" if keep_header else "")
+            + (", " + parser.ddl if parser is not None else ""))
 
 
 # --------------------------------------------------------------------------- Spark side
 
 
 def read_lines(spark, path: Union[str, Sequence[str]], *, streaming: bool = False,
-               max_files_per_trigger: Optional[int] = None, keep_header: bool = False):
+               max_files_per_trigger: Optional[int] = None, keep_header: bool = False, parser=None):
     """One row per line of the files at ``path`` (module docstring).  With
-    ``keep_header`` a ``header`` column holds each file's first line (CSV)."""
+    ``keep_header`` a ``header`` column holds each file's first line (CSV);
+    with a ``parser`` its columns follow and ``raw`` is NULL where it says the
+    text is not needed."""
     schema = "path STRING, modificationTime TIMESTAMP, length BIGINT, content BINARY"
     if streaming:
         reader = spark.readStream.format("binaryFile").schema(schema)
@@ -94,8 +104,8 @@ def read_lines(spark, path: Union[str, Sequence[str]], *, streaming: bool = Fals
         "path", "length", f"explode(sequence(0, greatest(length - 1, 0), {split})) AS start",
     ).selectExpr("path", "length", "start", f"least(start + {split}, length) AS end")
     tasks = max(1, int(spark.sparkContext.defaultParallelism))
-    reader = RangeReader(keep_header)
-    return ranges.repartition(tasks).mapInArrow(reader, line_ddl(keep_header))
+    reader = RangeReader(keep_header, parser)
+    return ranges.repartition(tasks).mapInArrow(reader, line_ddl(keep_header, parser))
 
 
 def _bytes(text: str) -> int:
@@ -112,22 +122,21 @@ def _bytes(text: str) -> int:
 class RangeReader:
     """The ``mapInArrow`` function: byte ranges in, numbered lines out."""
 
-    def __init__(self, keep_header: bool):
+    def __init__(self, keep_header: bool, parser=None):
         self.keep_header = keep_header
-        self.schema = line_schema(keep_header)
+        self.parser = parser
+        self.schema = line_schema(keep_header, parser)
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             cols = batch.to_pydict()
             for path, length, start, end in zip(cols["path"], cols["length"], cols["start"], cols["end"]):
-                out = self.read_range(path, int(length), int(start), int(end))
-                if out is not None and out.num_rows:
-                    yield out
+                yield from self.read_range(path, int(length), int(start), int(end))
 
-    def read_range(self, path: str, length: int, start: int, end: int) -> Optional[pa.RecordBatch]:
+    def read_range(self, path: str, length: int, start: int, end: int) -> Iterator[pa.RecordBatch]:
         fs, local = _filesystem(path)
         with fs.open_input_file(local) as fh:
-            return lines_of_range(fh, path, length, start, end, self.keep_header, self.schema)
+            yield from lines_of_range(fh, path, length, start, end, self.keep_header, self.schema, self.parser)
 
 
 def _filesystem(uri: str):
@@ -136,8 +145,11 @@ def _filesystem(uri: str):
 
 
 def lines_of_range(fh, path: str, length: int, start: int, end: int, keep_header: bool,
-                   schema: pa.Schema) -> Optional[pa.RecordBatch]:
-    """The lines starting in ``[start, end)`` of the open file ``fh``."""
+                   schema: pa.Schema, parser=None, batch_lines: int = None) -> Iterator[pa.RecordBatch]:
+    """The lines starting in ``[start, end)`` of the open file ``fh`` (with
+    ``parser``, its columns too and ``raw`` only where it asks for it), in
+    batches of at most ``batch_lines`` lines: the JVM converts one batch while
+    the task parses the next."""
     bom = len(_BOM) if length >= 3 and fh.read_at(3, 0) == _BOM else 0
     first = max(start, bom)
     if first > bom:
@@ -145,10 +157,10 @@ def lines_of_range(fh, path: str, length: int, start: int, end: int, keep_header
         if fh.read_at(1, first - 1) != b"\n":
             nl = _find_newline(fh, first, length)
             if nl is None or nl + 1 >= end:
-                return None
+                return
             first = nl + 1
     if first >= end:
-        return None
+        return
     data = fh.read_at(end - first, first)
     if not data.endswith(b"\n") and end < length:
         # finish the last line, which runs past the range
@@ -168,18 +180,27 @@ def lines_of_range(fh, path: str, length: int, start: int, end: int, keep_header
             at_eof or not _rest_has_content(fh, first + len(data), length)):
         # blank lines after the last non-blank line of the file are not rows
         keep = _last_non_blank(buf, starts, ends)
-        starts, ends, cr = starts[:keep], ends[:keep], cr[:keep]
+        starts, ends = starts[:keep], ends[:keep]
     if not len(starts):
-        return None
+        return
     line0 = 1 + _count_newlines(fh, bom, first)
-    raw = _string_array(buf, newlines, starts, ends, cr)
-    n = len(starts)
-    columns = [pa.array([path] * n, pa.string()), pa.array(np.full(n, file_number(path), dtype=np.int64)),
-               pa.array(np.arange(line0, line0 + n, dtype=np.int64)), raw]
-    if keep_header:
-        header = first_line(fh, bom, length)
-        columns.append(pa.array([header] * n, pa.string()))
-    return pa.RecordBatch.from_arrays(columns, schema=schema)
+    file_no = file_number(path)
+    header = first_line(fh, bom, length) if keep_header else None
+    step = batch_lines or _BATCH_LINES
+    for a in range(0, len(starts), step):
+        s, e = starts[a:a + step], ends[a:a + step]
+        n = len(s)
+        parsed: list = []
+        if parser is None:
+            raw = _string_array(buf, s, e)
+        else:
+            parsed, needs_raw = parser(buf, s, e, file_no)
+            raw = _string_array(buf, s, e) if needs_raw.all() else _some_strings(buf, s, e, needs_raw)
+        columns = [pa.repeat(pa.scalar(path, pa.string()), n), pa.array(np.full(n, file_no, dtype=np.int64)),
+                   pa.array(np.arange(line0 + a, line0 + a + n, dtype=np.int64)), raw]
+        if keep_header:
+            columns.append(pa.repeat(pa.scalar(header, pa.string()), n))
+        yield pa.RecordBatch.from_arrays(columns + list(parsed), schema=schema)
 
 
 def _find_newline(fh, pos: int, length: int) -> Optional[int]:
@@ -231,19 +252,35 @@ def first_line(fh, bom: int, length: int) -> str:
     return text.decode("utf-8", errors="replace")
 
 
-def _string_array(buf: np.ndarray, newlines: np.ndarray, starts: np.ndarray, ends: np.ndarray,
-                  cr: np.ndarray) -> pa.Array:
-    """Lines ``[starts[i], ends[i])`` of ``buf`` as one Arrow string array.
+def _string_array(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> pa.Array:
+    """Consecutive lines ``[starts[i], ends[i])`` of ``buf`` as one Arrow string array.
 
-    The lines tile the buffer from 0, separated by their ``\n`` (and a
-    dropped ``\r``): removing those bytes and everything after the last line
-    leaves the values back to back (one copy, no per-line work)."""
-    keep = np.ones(len(buf), dtype=bool)
-    keep[newlines] = False
-    keep[ends[cr]] = False
-    keep[ends[-1]:] = False
-    values = buf[keep]
+    Between two lines there is only their separator (``\n`` or ``\r\n``):
+    removing those gaps leaves the values back to back (one copy, no per-line work)."""
+    lo, hi = int(starts[0]), int(ends[-1])
+    values = buf[lo:hi]
+    if len(starts) > 1:
+        edges = np.zeros(hi - lo + 1, dtype=np.int8)
+        edges[ends[:-1] - lo] += 1
+        edges[starts[1:] - lo] -= 1
+        values = values[np.cumsum(edges[:-1], dtype=np.int8) == 0]
     offsets = np.zeros(len(starts) + 1, dtype=np.int64)
     np.cumsum(ends - starts, out=offsets[1:])
     return pa.Array.from_buffers(pa.large_string(), len(starts),
                                  [None, pa.py_buffer(offsets), pa.py_buffer(values)]).cast(pa.string())
+
+
+def _some_strings(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, wanted: np.ndarray) -> pa.Array:
+    """Lines ``[starts[i], ends[i])`` of ``buf`` where ``wanted[i]``, NULL elsewhere."""
+    n = len(starts)
+    if not wanted.any():
+        return pa.nulls(n, pa.string())
+    lengths = np.where(wanted, ends - starts, 0)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    picked = np.flatnonzero(wanted & (lengths > 0))
+    values = (np.concatenate([buf[starts[i]:ends[i]] for i in picked]) if len(picked)
+              else np.zeros(0, dtype=np.uint8))
+    validity = pa.py_buffer(np.packbits(wanted, bitorder="little"))
+    return pa.Array.from_buffers(pa.large_string(), n, [validity, pa.py_buffer(offsets),
+                                                       pa.py_buffer(values)]).cast(pa.string())

@@ -29,6 +29,11 @@ DEFAULT_CONFIGS = {
     "spark.sql.adaptive.enabled": "false",
     "spark.driver.memory": "4g",
     "spark.python.worker.reuse": "true",
+    # The JIT leaves methods over 8000 bytecode bytes interpreted; Spark's
+    # whole-stage code for the readers' validation is larger, and interpreted
+    # it cost ~40% more CPU per row (docs/runtime.md, "Where the time goes")
+    "spark.driver.extraJavaOptions": "-XX:-DontCompileHugeMethods",
+    "spark.executor.extraJavaOptions": "-XX:-DontCompileHugeMethods",
 }
 
 

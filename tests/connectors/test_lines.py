@@ -20,13 +20,13 @@ class BytesFile:
         return self.data[offset:offset + n]
 
 
-def read_all(data: bytes, split: int) -> list[tuple[int, str, str]]:
+def read_all(data: bytes, split: int, batch_lines: int = 2) -> list[tuple[int, str, str]]:
     out = []
     schema = L.line_schema(True)
     for start in range(0, max(len(data), 1), split):
-        batch = L.lines_of_range(BytesFile(data), "file:/d/cdc-7.json", len(data), start,
-                                 min(start + split, len(data)), True, schema)
-        if batch is not None:
+        for batch in L.lines_of_range(BytesFile(data), "file:/d/cdc-7.json", len(data), start,
+                                      min(start + split, len(data)), True, schema, batch_lines=batch_lines):
+            assert 0 < batch.num_rows <= batch_lines
             out += zip(batch.column(2).to_pylist(), batch.column(3).to_pylist(), batch.column(4).to_pylist())
     return out
 
@@ -47,13 +47,13 @@ def expected(data: bytes) -> list[tuple[int, str]]:
 @settings(max_examples=300, deadline=None)
 @given(parts=st.lists(st.tuples(st.sampled_from(["{}", "a", "", "  ", "\r", "x\ry", "é€"]),
                                 st.sampled_from(["\n", "\r\n"])), max_size=10),
-       bom=st.booleans(), cut_last=st.booleans(), split=st.integers(1, 12))
-def test_every_split_gives_each_line_once_with_its_number(parts, bom, cut_last, split):
+       bom=st.booleans(), cut_last=st.booleans(), split=st.integers(1, 12), batch_lines=st.integers(1, 4))
+def test_every_split_gives_each_line_once_with_its_number(parts, bom, cut_last, split, batch_lines):
     text = "".join(p + s for p, s in parts)
     if cut_last and text:
         text = text[:-1]
     data = (("\ufeff" if bom else "") + text).encode()
-    got = read_all(data, split)
+    got = read_all(data, split, batch_lines)
     assert [(n, raw) for n, raw, _ in got] == expected(data)
     first = expected(data)[0][1] if expected(data) else None
     assert all(h == first for _, _, h in got)
