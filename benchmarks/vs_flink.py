@@ -1,7 +1,7 @@
 """Benchmark: whole jobs, ours against Apache Flink 2.3 on the same Debezium files.
 
     scripts/bench vs-flink [--events 1000000] [--ids 100000] [--files 4]
-                           [--jobs normalize,materializer,join,aggregate] [--ours-mode batch|streaming]
+                           [--jobs normalize,materializer,join,aggregate,dedup] [--ours-mode batch|streaming]
                            [--no-check] [--flink-python /work/flink-venv/bin/python]
 
 Inputs: the Debezium JSON change files of ``benchmarks/whole_job.py`` (its
@@ -22,7 +22,11 @@ Every job is ONE Flink SQL query, the same text for both engines; only the
 * ``join``: ``s1 JOIN s2 ON s1.id = s2.id`` (a regular join of two changelogs),
   sink keyed by ``id``; the rate counts the input rows of both sides;
 * ``aggregate``: ``SELECT g, COUNT(*), SUM(v), MIN(v) FROM s GROUP BY g``
-  (group aggregation with retraction), sink keyed by ``g``.
+  (group aggregation with retraction), sink keyed by ``g``;
+* ``dedup``: keep-last deduplication (``ROW_NUMBER() OVER (PARTITION BY id
+  ORDER BY pt DESC) = 1``, ``pt AS PROCTIME()``) over ``--events`` insert-only
+  JSON lines (``id, g, v`` and an ``op`` column ``+I``) over the same ids,
+  each id's rows in one file; sink keyed by ``id``.
 
 Each engine runs each job as its own process, one after the other (never two
 at once):
@@ -62,7 +66,10 @@ COLS = "id BIGINT, g BIGINT, v BIGINT"
 # --------------------------------------------------------------------------- the jobs (engine-neutral)
 #
 # A job: its sources (table name -> input set), its sink's columns and key, the
-# query, settings for each engine, and the number of input events.
+# query and settings for each engine.  A source is Debezium JSON with the
+# primary key ``id`` unless the job says ``insert_only``: then plain JSON lines
+# with a processing-time column ``pt`` (our reader takes them by their ``op``
+# kind column, ``+I`` on every line; Flink's ``json`` format ignores it).
 
 def job_normalize(inputs: dict) -> dict:
     return {"sources": {"s": inputs["main"]}, "sink_cols": COLS, "sink_key": "id",
@@ -90,8 +97,24 @@ def job_aggregate(inputs: dict) -> dict:
             "flink_conf": {}, "ours_conf": {}}
 
 
+def job_dedup(inputs: dict) -> dict:
+    return {"sources": {"s": inputs["insert_only"]}, "insert_only": True, "sink_cols": COLS, "sink_key": "id",
+            "query": "SELECT id, g, v FROM (SELECT id, g, v, ROW_NUMBER() OVER (PARTITION BY id ORDER BY pt DESC)"
+                     " AS rn FROM s) WHERE rn = 1",
+            "flink_conf": {}, "ours_conf": {}}
+
+
 JOBS = {"normalize": job_normalize, "materializer": job_materializer, "join": job_join,
-        "aggregate": job_aggregate}
+        "aggregate": job_aggregate, "dedup": job_dedup}
+
+
+def source_ddl(job: dict, name: str, path: str, engine: str) -> str:
+    if not job.get("insert_only"):
+        return (f"CREATE TEMPORARY TABLE {name} ({COLS}, PRIMARY KEY (id) NOT ENFORCED)\n"
+                f"  WITH ('connector' = 'filesystem', 'path' = '{path}', 'format' = 'debezium-json')")
+    mode = ", 'changelog.mode' = 'insert-only'" if engine == "ours" else ""
+    return (f"CREATE TEMPORARY TABLE {name} ({COLS}, pt AS PROCTIME())\n"
+            f"  WITH ('connector' = 'filesystem', 'path' = '{path}', 'format' = 'json'{mode})")
 
 
 def _col_names(cols: str) -> list[str]:
@@ -110,8 +133,7 @@ def check_sql(job: dict) -> str:
 def ours_script(job: dict, out: str) -> str:
     lines = [f"SET '{k}' = '{v}';" for k, v in job["ours_conf"].items()]
     for name, path in job["sources"].items():
-        lines.append(f"CREATE TEMPORARY TABLE {name} ({COLS}, PRIMARY KEY (id) NOT ENFORCED)\n"
-                     f"  WITH ('connector' = 'filesystem', 'path' = '{path}', 'format' = 'debezium-json');")
+        lines.append(source_ddl(job, name, path, "ours") + ";")
     lines.append(f"CREATE TEMPORARY TABLE t ({job['sink_cols']}, PRIMARY KEY ({job['sink_key']}) NOT ENFORCED)\n"
                  f"  WITH ('connector' = 'delta', 'path' = '{out}');")
     lines.append(f"INSERT INTO t {job['query']};")
@@ -134,6 +156,9 @@ def run_ours(job: dict, work: str, mode: str, log: str) -> dict:
     secs = time.perf_counter() - t
     if proc.returncode:
         raise SystemExit(f"ours failed ({proc.returncode}): {' '.join(cmd)}; see {log}")
+    explain = [sys.executable, "-m", "spark_changelog.cli", "explain", script] + (["--batch"] if mode == "batch" else [])
+    with open(os.path.join(work, "ours-plan.txt"), "w") as fh:
+        subprocess.run(explain, env=env, stdout=fh, stderr=subprocess.DEVNULL)
     return {"whole": secs, "check": delta_fingerprint(out, _col_names(job["sink_cols"]))}
 
 
@@ -160,8 +185,7 @@ def flink_child(spec_path: str) -> None:
     for k, v in job["flink_conf"].items():
         conf.set(k, v)
     for name, path in job["sources"].items():
-        te.execute_sql(f"CREATE TEMPORARY TABLE {name} ({COLS}, PRIMARY KEY (id) NOT ENFORCED) "
-                       f"WITH ('connector' = 'filesystem', 'path' = '{path}', 'format' = 'debezium-json')")
+        te.execute_sql(source_ddl(job, name, path, "flink"))
     te.execute_sql(f"CREATE TEMPORARY TABLE t ({job['sink_cols']}, PRIMARY KEY ({job['sink_key']}) NOT ENFORCED) "
                    f"WITH ('connector' = 'blackhole')")
     insert = f"INSERT INTO t {job['query']}"
@@ -231,7 +255,28 @@ def ensure_inputs(events: int, ids: int, files: int, cache: str) -> dict:
             print(f"generated {path} in {time.perf_counter() - t:.0f} s")
         return path
 
-    return {"main": one(events, 7), "left": one(events // 2, 7), "right": one(events // 2, 11)}
+    plain = os.path.join(cache, f"inserts-{events}-{ids}-{files}")
+    if not os.path.isdir(plain):
+        generate_insert_only(plain + ".tmp", events, ids, files)
+        os.replace(plain + ".tmp", plain)
+    return {"main": one(events, 7), "left": one(events // 2, 7), "right": one(events // 2, 11),
+            "insert_only": plain}
+
+
+def generate_insert_only(directory: str, events: int, ids: int, files: int, seed: int = 7) -> None:
+    """JSON lines ``{"id", "g", "v", "op": "+I"}``, ``events`` rows over ``ids`` ids,
+    each id's rows in one file (ids ``f, f + files, ...`` in file ``f``)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    os.makedirs(directory)
+    per_file = events // files
+    for f in range(files):
+        ks = np.arange(f, ids, files)[rng.integers(0, len(range(f, ids, files)), per_file)]
+        gs = rng.integers(0, 100, per_file)
+        vs = rng.integers(0, 1_000_000_000, per_file)
+        with open(os.path.join(directory, f"part-{f}.json"), "w") as fh:
+            fh.writelines(f'{{"id":{k},"g":{g},"v":{v},"op":"+I"}}\n' for k, g, v in zip(ks, gs, vs))
 
 
 def _load() -> str:
@@ -275,6 +320,8 @@ def main(argv=None) -> None:
               f"warm job {row['flink_warm']:.1f} s; results agree: {agree} (load {row['load']})", flush=True)
         with open(os.path.join(work, "flink-plan.txt"), "w") as fh:
             fh.write(flink["plan"] + "\n")
+        with open(os.path.join(work, "times.json"), "w") as fh:
+            json.dump({"ours": ours, "flink": {k: v for k, v in flink.items() if k != "plan"}}, fh, indent=1)
     n = args.events
     print()
     print(f"| job | ours (whole process) | Flink (whole process) | Flink (warm job) | ours events/s | "
@@ -284,7 +331,7 @@ def main(argv=None) -> None:
         print(f"| {r['job']} | {r['ours']:.1f} s | {r['flink_whole']:.1f} s | {r['flink_warm']:.1f} s | "
               f"{n / r['ours'] / 1e3:.0f}k | {n / r['flink_whole'] / 1e3:.0f}k / {n / r['flink_warm'] / 1e3:.0f}k | "
               f"{r['flink_whole'] / r['ours']:.0%} / {r['flink_warm'] / r['ours']:.0%} | {r['agree']} | {r['load']} |")
-    print(f"\nload average at end {_load()}; Flink plans and job logs under {root}")
+    print(f"\nload average at end {_load()}; plans (ours-plan.txt, flink-plan.txt) and job logs under {root}")
 
 
 if __name__ == "__main__":
