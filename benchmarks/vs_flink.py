@@ -1,4 +1,4 @@
-"""Benchmark: whole jobs, ours against Apache Flink 2.3 on the same Debezium files.
+"""Benchmark: whole jobs, ours against Apache Flink 2.3 on the same files.
 
     scripts/bench vs-flink [--events 1000000] [--ids 100000] [--files 4]
                            [--jobs normalize,materializer,join,aggregate,dedup] [--ours-mode batch|streaming]
@@ -36,7 +36,7 @@ at once):
   and imports included;
 * Flink: PyFlink's ``TableEnvironment`` (streaming mode, parallelism 2, heap
   state) from the Flink venv, ``filesystem`` source with ``format =
-  'debezium-json'``, into a ``blackhole`` sink.  The process runs the job
+  'debezium-json'`` (``dedup``: ``json``), into a ``blackhole`` sink.  The process runs the job
   twice: "whole" is the time from the process start to the end of the first
   job (JVM start included, JVM shutdown not), "warm" is the second job alone
   (the figure issues #9 and #11 quote).
@@ -324,8 +324,8 @@ def main(argv=None) -> None:
             json.dump({"ours": ours, "flink": {k: v for k, v in flink.items() if k != "plan"}}, fh, indent=1)
     n = args.events
     print()
-    print(f"| job | ours (whole process) | Flink (whole process) | Flink (warm job) | ours events/s | "
-          f"Flink events/s (whole / warm) | ours/Flink rate (whole / warm) | same result | load |")
+    print("| job | ours (whole process) | Flink (whole process) | Flink (warm job) | ours events/s | "
+          "Flink events/s (whole / warm) | ours/Flink rate (whole / warm) | same result | load |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['job']} | {r['ours']:.1f} s | {r['flink_whole']:.1f} s | {r['flink_warm']:.1f} s | "
