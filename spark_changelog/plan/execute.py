@@ -31,6 +31,7 @@ def run_sink(sink: Sink, table, *, checkpoint: Optional[str] = None,
     Plan warnings are issued as :class:`PlanWarning` and listed first in the
     report's ``warnings``."""
     from ..runtime.pipeline import run_to_sink
+    from ..runtime.spark_keyed import operator_instance
     warns = plan_warnings(sink)
     for w in warns:
         _warnings.warn(w, PlanWarning, stacklevel=warn_stacklevel)
@@ -38,7 +39,8 @@ def run_sink(sink: Sink, table, *, checkpoint: Optional[str] = None,
     report = run_to_sink(low.df, table, key=sink.key, schema=arrow_schema_of(low.data_df),
                          checkpoint=checkpoint, changelog_path=changelog_path,
                          changelog_format=changelog_format, dead_letter=dead_letter,
-                         strict=strict, progress=progress, late_output=late_output)
+                         strict=strict, progress=progress, late_output=late_output,
+                         entry_instances=tuple(operator_instance(op) for op in low.entry))
     report.plan = explain_plan(sink)
     report.warnings[:0] = warns
     return report

@@ -44,6 +44,13 @@ class Lowered:
 
     df: object
     operators: tuple = ()
+    #: the operators that read source rows directly (their input rows are
+    #: the changelog rows the sources produced: the report's "rows in")
+    entry: tuple = ()
+
+    def then(self, df, op) -> "Lowered":
+        """This input followed by the keyed operator ``op`` (output ``df``)."""
+        return Lowered(df, self.operators + (op,), self.entry if self.operators else (op,))
 
     @property
     def data_df(self):
@@ -153,7 +160,7 @@ def _window_aggregate(node: WindowAggregate) -> Lowered:
     op = cls(projected, group_keys, [AggCall(*a) for a in node.aggregates],
              allowed_lateness_ms=node.allowed_lateness_ms, time_column=tvf.column)
     out = apply_event_time(inp.df, op, tvf.spec, assigner=tvf.window, key_groups=node.key_groups)
-    return _without_global_key(Lowered(out, inp.operators + (op,)))
+    return _without_global_key(inp.then(out, op))
 
 
 def _deduplicate(node: Deduplicate, inp: Lowered) -> Lowered:
@@ -202,8 +209,7 @@ def _without_global_key(out: Lowered) -> Lowered:
 
 
 def _keyed(inp: Lowered, df, op, key_groups: Optional[int]) -> Lowered:
-    out = apply_keyed(df, op, key_groups=key_groups or DEFAULT_KEY_GROUPS)
-    return Lowered(out, inp.operators + (op,))
+    return inp.then(apply_keyed(df, op, key_groups=key_groups or DEFAULT_KEY_GROUPS), op)
 
 
 def _source(node: Source) -> Lowered:
@@ -273,8 +279,10 @@ def _join(node: Join, left: Lowered, right: Lowered) -> Lowered:
                      node.state_ttl_ms)
     # one pass over each input: side rows go into the union with null data columns
     union = layout.spark_union(left.df, right.df)
+    entry = tuple(dict.fromkeys((left.entry if left.operators else (op,))
+                                + (right.entry if right.operators else (op,))))
     return Lowered(apply_keyed(union, op, key_groups=node.key_groups or DEFAULT_KEY_GROUPS),
-                   left.operators + right.operators + (op,))
+                   left.operators + right.operators + (op,), entry)
 
 
 def column_sql(df, column) -> tuple[str, str]:

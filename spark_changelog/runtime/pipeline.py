@@ -68,8 +68,17 @@ class RunReport:
     #: (operator, instance, key group) -> its state rows after the latest batch that touched it
     _group_state: dict = dataclasses.field(default_factory=dict, repr=False)
 
+    #: instances (``spark_keyed.operator_instance``) of the operators reading
+    #: source rows directly: their input is the sources' changelog rows
+    entry_instances: tuple = ()
+    _entry_rows: int = dataclasses.field(default=0, repr=False)
+
     @property
     def rows_in(self) -> int:
+        """Changelog rows the sources produced (one per change: an update is a
+        ``-U``/``+U`` pair), as received by the operators reading them."""
+        if self.entry_instances:
+            return self._entry_rows
         return int(self.counters.get("rows_in", 0))
 
     def add_metrics(self, metrics: list[dict]) -> None:
@@ -84,6 +93,8 @@ class RunReport:
                 self.counters[k] = self.counters.get(k, 0) + int(v)
                 per_op[k] = per_op.get(k, 0) + int(v)
             self.warnings.extend(m.get("warnings", []))
+            if m.get("instance") in self.entry_instances:
+                self._entry_rows += int(m.get("counters", {}).get("rows_in", 0))
             if m.get("key_group") is not None:
                 group = (name, m.get("instance"), int(m["key_group"]))
                 self._group_state[group] = int(m.get("state_rows", 0))
@@ -101,7 +112,7 @@ class RunReport:
     def summary(self) -> str:
         c = self.counters
         lines = [
-            f"rows in: {self.rows_in}   changes out: {self.changes_out}   "
+            f"changelog rows in: {self.rows_in}   changes out: {self.changes_out}   "
             f"batches: {self.batches}" + (f" ({self.replayed_batches} replayed, skipped)"
                                           if self.replayed_batches else ""),
             f"table: {self.upserted} upserted, {self.deleted} deleted",
@@ -109,7 +120,7 @@ class RunReport:
             f"unchanged: {c.get('unchanged', 0)}   deletes of unknown keys: {c.get('retract_no_match', 0)}",
             f"invalid rows (dead letter): {self.invalid}   tombstones skipped: {self.tombstones_skipped}"
             + (f"   DDL/control records ignored: {self.ignored_skipped}" if self.ignored_skipped else ""),
-            f"time: {self.seconds:.1f} s" + (f"   ({self.rows_in / self.seconds:,.0f} rows/s)"
+            f"time: {self.seconds:.1f} s" + (f"   ({self.rows_in / self.seconds:,.0f} changelog rows/s)"
                                              if self.seconds > 0 and self.rows_in else ""),
         ]
         if self.watermark_ms is not None:
@@ -218,7 +229,7 @@ def run_to_sink(df, table, *, key, schema: pa.Schema, checkpoint: Optional[str] 
                 changelog_path: Optional[str] = None, changelog_format: str = "parquet",
                 dead_letter: Optional[str] = None, strict: bool = False,
                 progress: Optional[Callable[[RunReport], None]] = None,
-                late_output: Optional[str] = None) -> RunReport:
+                late_output: Optional[str] = None, entry_instances: tuple = ()) -> RunReport:
     """Run the changelog ``df`` (the lowered plan) into ``table`` keyed by ``key``.
 
     ``schema``: the data columns (Arrow) the sinks store.  The bad input and
@@ -238,7 +249,7 @@ def run_to_sink(df, table, *, key, schema: pa.Schema, checkpoint: Optional[str] 
     report = RunReport(streaming=streaming,
                        table=os.fspath(table) if isinstance(table, (str, os.PathLike)) else None,
                        changelog=changelog_path, dead_letter=dead_letter,
-                       late_output=late_output)
+                       late_output=late_output, entry_instances=tuple(entry_instances))
     t0 = time.perf_counter()
 
     table_name = os.fspath(table) if isinstance(table, (str, os.PathLike)) else type(table).__name__

@@ -401,7 +401,7 @@ def prefold(df, operator: KeyedOperator):
         kept = table.take(np.sort(np.concatenate([np.flatnonzero(is_side), keep])))
         dropped = int(len(data_pos) - len(keep))
         n_ub = int(pc.sum(pc.equal(small.column(KIND_COL), int(RowKind.UPDATE_BEFORE))).as_py() or 0)
-        payload = json.dumps({"operator": operator.name,
+        payload = json.dumps({"operator": operator.name, "instance": operator_instance(operator),
                               "counters": {"rows_in": dropped, "folded": dropped - n_ub}})
         schema = pa.schema([f.with_nullable(True) for f in table.schema])
         values = {KIND_COL: METRICS_KIND, SEQ_COL: 0, METRICS_COL: payload}
