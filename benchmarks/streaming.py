@@ -28,13 +28,13 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from whole_job import ENVELOPE_DDL, SCHEMA_DDL, generate  # noqa: E402  (the reader helper's generator)
+from whole_job import (ENVELOPE_DDL, SCHEMA_DDL, cached_files, final_table, last_json,  # noqa: E402
+                       machine_load, run_process)  # noqa: E402  (the reader helper's generator)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -98,26 +98,6 @@ def native_job(inp: str, out: str, ck: str, max_files: int) -> None:
     spark.stop()
 
 
-def _run(cmd: list[str], log: str) -> tuple[float, dict]:
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    t = time.perf_counter()
-    with open(log, "a") as fh:
-        proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=fh, text=True)
-    secs = time.perf_counter() - t
-    if proc.returncode:
-        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}); see {log}\n{proc.stdout}")
-    return secs, json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def _load() -> str:
-    return open("/proc/loadavg").read().split(" ")[0]
-
-
-def _table(path: str):
-    from deltalake import DeltaTable
-    return DeltaTable(path).to_pandas().sort_values("id").reset_index(drop=True)[["id", "g", "v"]]
-
-
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--events", type=int, default=2_000_000)
@@ -138,19 +118,14 @@ def main(argv=None) -> None:
         inp, out, ck, mf = args.native_job
         return native_job(inp, out, ck, int(mf) or None)
 
-    inp = os.path.join(args.cache, f"debezium-{args.events}-{args.ids}-{args.files}")
-    if not os.path.isdir(inp):
-        t = time.perf_counter()
-        generate(inp + ".tmp", args.events, args.ids, args.files)
-        os.replace(inp + ".tmp", inp)
-        print(f"generated {inp} in {time.perf_counter() - t:.0f} s")
+    inp = cached_files(args.cache, args.events, args.ids, args.files)
     work = tempfile.mkdtemp(prefix="bench-streaming-")
     log = os.path.join(work, "jobs.log")
     mf = str(args.max_files_per_trigger)
     only = set(args.only.split(","))
     print(f"{args.events:,} Debezium events over {args.ids:,} ids in {args.files} files, "
           f"{'all files in one micro-batch' if not args.max_files_per_trigger else mf + ' file(s) per micro-batch'}; "
-          f"load {_load()}; logs: {log}", flush=True)
+          f"load {machine_load()}; logs: {log}", flush=True)
     res = {}
     for name in ("ours", "native"):
         if name not in only:
@@ -161,19 +136,20 @@ def main(argv=None) -> None:
                    "0" if args.no_fold else "1"]
         else:
             cmd = [sys.executable, __file__, "--native-job", inp, out, ck, mf]
-        secs, info = _run(cmd, log)
+        secs, out = run_process(cmd, log)
+        info = last_json(out)
         res[name] = (secs, info)
         b = info["batches"]
         later = max(b[1:]) / b[0] if len(b) > 1 else None
         print(f"  {name:<7} whole process {secs:6.1f} s | batches {', '.join(f'{x:.1f}' for x in b)} s"
               + (f" | slowest later / first {later:.2f}" if later else "")
               + (f" | changes out {info['changes_out']:,}" if "changes_out" in info else "")
-              + f"   (load {_load()})", flush=True)
+              + f"   (load {machine_load()})", flush=True)
     if len(res) == 2:
         o, n = res["ours"], res["native"]
         print(f"  => native / ours, whole process: {n[0] / o[0]:.2f}x; batches: "
               f"{sum(n[1]['batches']) / sum(o[1]['batches']):.2f}x (above 1: ours faster)")
-        same = _table(os.path.join(work, "ours")).equals(_table(os.path.join(work, "native")))
+        same = final_table(os.path.join(work, "ours")).equals(final_table(os.path.join(work, "native")))
         print(f"  final tables equal: {same}")
     shutil.rmtree(work, ignore_errors=True)
 

@@ -60,6 +60,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 FLINK_PYTHON = "/work/flink-venv/bin/python"
+sys.path.insert(0, HERE)
+from whole_job import cached_files, machine_load  # noqa: E402  (the whole-job benchmark's inputs)
 COLS = "id BIGINT, g BIGINT, v BIGINT"
 
 
@@ -243,23 +245,14 @@ def _python_start_overhead(python: str, _cache: dict = {}) -> float:  # noqa: B0
 
 def ensure_inputs(events: int, ids: int, files: int, cache: str) -> dict:
     """The whole_job.py file sets (same cache names), generated if absent."""
-    sys.path.insert(0, HERE)
-    from whole_job import generate
-
-    def one(n: int, seed: int) -> str:
-        path = os.path.join(cache, f"debezium-{n}-{ids}-{files}" + ("" if seed == 7 else f"-seed{seed}"))
-        if not os.path.isdir(path):
-            t = time.perf_counter()
-            generate(path + ".tmp", n, ids, files, seed=seed)
-            os.replace(path + ".tmp", path)
-            print(f"generated {path} in {time.perf_counter() - t:.0f} s")
-        return path
 
     plain = os.path.join(cache, f"inserts-{events}-{ids}-{files}")
     if not os.path.isdir(plain):
         generate_insert_only(plain + ".tmp", events, ids, files)
         os.replace(plain + ".tmp", plain)
-    return {"main": one(events, 7), "left": one(events // 2, 7), "right": one(events // 2, 11),
+    return {"main": cached_files(cache, events, ids, files),
+            "left": cached_files(cache, events // 2, ids, files),
+            "right": cached_files(cache, events // 2, ids, files, seed=11),
             "insert_only": plain}
 
 
@@ -277,10 +270,6 @@ def generate_insert_only(directory: str, events: int, ids: int, files: int, seed
         vs = rng.integers(0, 1_000_000_000, per_file)
         with open(os.path.join(directory, f"part-{f}.json"), "w") as fh:
             fh.writelines(f'{{"id":{k},"g":{g},"v":{v},"op":"+I"}}\n' for k, g, v in zip(ks, gs, vs))
-
-
-def _load() -> str:
-    return open("/proc/loadavg").read().split(" ")[0]
 
 
 def main(argv=None) -> None:
@@ -302,19 +291,19 @@ def main(argv=None) -> None:
     root = tempfile.mkdtemp(prefix="vs-flink-")
     log = os.path.join(root, "jobs.log")
     print(f"{args.events:,} Debezium events over {args.ids:,} ids in {args.files} files; ours: {args.ours_mode}; "
-          f"Flink 2.3: streaming, parallelism 2, blackhole sink; load {_load()} at start; logs: {log}")
+          f"Flink 2.3: streaming, parallelism 2, blackhole sink; load {machine_load()} at start; logs: {log}")
     rows = []
     for name in args.jobs.split(","):
         job = JOBS[name](inputs)
         work = os.path.join(root, name)
         os.makedirs(work)
-        load_before = _load()
+        load_before = machine_load()
         ours = run_ours(job, work, args.ours_mode, log)
         flink = run_flink(job, work, not args.no_check, args.flink_python, log)
         agree = "not compared" if args.no_check else ("yes" if ours["check"] == flink["check"] else
                                                        f"NO: ours {ours['check']} Flink {flink['check']}")
         row = {"job": name, "ours": ours["whole"], "flink_whole": flink["whole"], "flink_warm": flink["warm_job"],
-               "agree": agree, "load": f"{load_before}/{_load()}"}
+               "agree": agree, "load": f"{load_before}/{machine_load()}"}
         rows.append(row)
         print(f"  {name}: ours {row['ours']:.1f} s, Flink whole {row['flink_whole']:.1f} s, "
               f"warm job {row['flink_warm']:.1f} s; results agree: {agree} (load {row['load']})", flush=True)
@@ -331,7 +320,7 @@ def main(argv=None) -> None:
         print(f"| {r['job']} | {r['ours']:.1f} s | {r['flink_whole']:.1f} s | {r['flink_warm']:.1f} s | "
               f"{n / r['ours'] / 1e3:.0f}k | {n / r['flink_whole'] / 1e3:.0f}k / {n / r['flink_warm'] / 1e3:.0f}k | "
               f"{r['flink_whole'] / r['ours']:.0%} / {r['flink_warm'] / r['ours']:.0%} | {r['agree']} | {r['load']} |")
-    print(f"\nload average at end {_load()}; plans (ours-plan.txt, flink-plan.txt) and job logs under {root}")
+    print(f"\nload average at end {machine_load()}; plans (ours-plan.txt, flink-plan.txt) and job logs under {root}")
 
 
 if __name__ == "__main__":

@@ -156,7 +156,22 @@ def reader_job(inp: str) -> None:
 # --------------------------------------------------------------------------- driver
 
 
-def _run(cmd: list[str], log: str) -> float:
+def cached_files(cache: str, events: int, ids: int, files: int, seed: int = 7) -> str:
+    """The directory of these generated Debezium files under ``cache``,
+    generated once (every whole-process benchmark reads the same sets)."""
+    path = os.path.join(cache, f"debezium-{events}-{ids}-{files}" + ("" if seed == 7 else f"-seed{seed}"))
+    if not os.path.isdir(path):
+        t = time.perf_counter()
+        generate(path + ".tmp", events, ids, files, seed=seed)
+        os.replace(path + ".tmp", path)
+        print(f"generated {path} in {time.perf_counter() - t:.0f} s")
+    return path
+
+
+def run_process(cmd: list[str], log: str) -> tuple[float, str]:
+    """Run one job as its own process (this checkout first on the Python path,
+    its stderr appended to ``log``): its wall time and its stdout.  Shared by
+    the benchmarks that compare whole processes."""
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     t = time.perf_counter()
     with open(log, "a") as fh:
@@ -164,15 +179,20 @@ def _run(cmd: list[str], log: str) -> float:
     secs = time.perf_counter() - t
     if proc.returncode:
         raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}); see {log}\n{proc.stdout}")
-    _run.last_stdout = proc.stdout
-    return secs
+    return secs, proc.stdout
 
 
-def _load() -> str:
+def last_json(stdout: str) -> dict:
+    """The JSON object a job process prints last."""
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+def machine_load() -> str:
     return open("/proc/loadavg").read().split(" ")[0] if os.path.exists("/proc/loadavg") else "?"
 
 
-def _table(path: str):
+def final_table(path: str):
+    """The (id, g, v) rows of a Delta table, sorted by id (to compare results)."""
     from deltalake import DeltaTable
     return DeltaTable(path).to_pandas().sort_values("id").reset_index(drop=True)[["id", "g", "v"]]
 
@@ -193,46 +213,41 @@ def main(argv=None) -> None:
     if args.reader_job:
         return reader_job(args.reader_job)
 
-    inp = os.path.join(args.cache, f"debezium-{args.events}-{args.ids}-{args.files}")
-    if not os.path.isdir(inp):
-        t = time.perf_counter()
-        generate(inp + ".tmp", args.events, args.ids, args.files)
-        os.replace(inp + ".tmp", inp)
-        print(f"generated {inp} in {time.perf_counter() - t:.0f} s")
+    inp = cached_files(args.cache, args.events, args.ids, args.files)
     work = tempfile.mkdtemp(prefix="whole-job-")
     log = os.path.join(work, "jobs.log")
     py = sys.executable
     print(f"{args.events:,} Debezium events over {args.ids:,} ids in {args.files} files; "
-          f"load average {_load()} at start; logs: {log}")
+          f"load average {machine_load()} at start; logs: {log}")
     results = {}
     ours_cmd = [py, "-m", "spark_changelog.cli", "normalize", inp, os.path.join(work, "ours"),
                 "--format", "debezium-json", "--key", "id", "--schema", SCHEMA_DDL,
                 "--dead-letter", os.path.join(work, "dl")]
-    results["ours, batch"] = _run(ours_cmd, log)
+    results["ours, batch"] = run_process(ours_cmd, log)[0]
     print(f"  ours, batch (spark-changelog normalize, whole process): {results['ours, batch']:6.1f} s"
-          f"   (load {_load()})")
-    results["native"] = _run([py, __file__, "--native-job", inp, os.path.join(work, "native")], log)
+          f"   (load {machine_load()})")
+    results["native"] = run_process([py, __file__, "--native-job", inp, os.path.join(work, "native")],
+                                    log)[0]
     print(f"  native PySpark + deltalake (whole process):             {results['native']:6.1f} s"
-          f"   (load {_load()})")
+          f"   (load {machine_load()})")
     if args.streaming:
         cmd = [py, "-m", "spark_changelog.cli", "normalize", inp, os.path.join(work, "ours_stream"),
                "--format", "debezium-json", "--key", "id", "--schema", SCHEMA_DDL, "--streaming",
                "--checkpoint", os.path.join(work, "ck"), "--dead-letter", os.path.join(work, "dl2")]
-        results["ours, streaming"] = _run(cmd, log)
+        results["ours, streaming"] = run_process(cmd, log)[0]
         print(f"  ours, streaming (one micro-batch, whole process):       "
-              f"{results['ours, streaming']:6.1f} s   (load {_load()})")
+              f"{results['ours, streaming']:6.1f} s   (load {machine_load()})")
     print(f"  => ours / native: {results['ours, batch'] / results['native']:.2f}x")
-    same = _table(os.path.join(work, "ours")).equals(_table(os.path.join(work, "native")))
+    same = final_table(os.path.join(work, "ours")).equals(final_table(os.path.join(work, "native")))
     print(f"  final tables equal: {same}")
     if args.streaming:
         print(f"  streaming table equal: "
-              f"{_table(os.path.join(work, 'ours_stream')).equals(_table(os.path.join(work, 'native')))}")
+              f"{final_table(os.path.join(work, 'ours_stream')).equals(final_table(os.path.join(work, 'native')))}")
     if not args.no_reader:
-        _run([py, __file__, "--reader-job", inp], log)
-        r = json.loads(_run.last_stdout.strip().splitlines()[-1])
+        r = last_json(run_process([py, __file__, "--reader-job", inp], log)[1])
         print(f"  reader alone (noop sink, best of 2): ours {r['ours']:.1f} s, "
               f"spark.read.schema(...).json {r['native']:.1f} s => native/ours rate {r['native'] / r['ours']:.2f}"
-              f"   (load {_load()})")
+              f"   (load {machine_load()})")
         print(f"  reader alone, CPU seconds (JVM + Python workers): ours {r['ours_cpu']:.1f}, "
               f"native {r['native_cpu']:.1f} => rate {r['native_cpu'] / r['ours_cpu']:.2f}")
     shutil.rmtree(work, ignore_errors=True)
