@@ -58,6 +58,17 @@ def batches_of(rows: Sequence, cuts: Sequence[int]) -> list:
     return out
 
 
+def key_groups_separating(spark, a: int, b: int) -> int:
+    """The smallest key-group count (2..8) that puts BIGINT keys ``a`` and
+    ``b`` into different key groups (Spark's ``pmod(hash(key), G)``)."""
+    from pyspark.sql import functions as F
+    row = spark.range(1).select(*[
+        (F.pmod(F.hash(F.lit(a).cast("bigint")), F.lit(g))
+         != F.pmod(F.hash(F.lit(b).cast("bigint")), F.lit(g))).alias(str(g))
+        for g in range(2, 9)]).first()
+    return next(int(g) for g in row.asDict() if row[g])
+
+
 # -- hypothesis strategies ------------------------------------------------------------
 
 @st.composite

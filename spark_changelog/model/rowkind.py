@@ -60,7 +60,3 @@ _FROM_TEXT.update({str(int(k)): k for k in RowKind})
 IS_ADD = np.array([True, False, True, False])
 SHORT_NAMES = np.array(["+I", "-U", "+U", "-D"], dtype=object)
 
-
-def kinds_to_short(codes) -> list[str]:
-    """Vectorized ``RowKind`` codes -> ``+I``-style strings."""
-    return list(SHORT_NAMES[np.asarray(codes, dtype=np.int64)])

@@ -21,7 +21,7 @@ in ``meta`` is versioned with the rest of the state store, and run ids are
 unique, so a replayed batch can never see a run it did not commit.
 
 Operator counters leave the operator as one extra output row per call
-(``_kind = -1``, JSON in ``_metrics``); :func:`split_metrics` separates them.
+(``_kind = -1``, JSON in ``_metrics``); ``pipeline.split_metrics`` separates them.
 """
 from __future__ import annotations
 
@@ -453,8 +453,10 @@ def apply_seen_keys(df, operator: KeyedOperator):
         ctx = OpContext(processing_time_ms=int(time.time() * 1000))
         out = process_key_group(operator, None, pdf, ctx) if not pdf.empty else None
         result = _arrow_output(out, passed, operator, ctx, {"state_rows": 0})
-        kinds = result.column(KIND_COL).to_numpy(zero_copy_only=False)
-        ids = [uuid.uuid4().hex if k == METRICS_KIND else None for k in kinds.tolist()]
+        # a unique id on the few side rows only, null on the data rows (no per-row Python)
+        side = np.flatnonzero(result.column(KIND_COL).to_numpy(zero_copy_only=False) == METRICS_KIND)
+        ids = np.full(result.num_rows, None, dtype=object)
+        ids[side] = [uuid.uuid4().hex for _ in range(len(side))]
         yield from result.append_column(SIDE_ID_COL, pa.array(ids, pa.string())).to_batches()
 
     firsts = (df.repartition(partitions, *[F.col(k) for k in key])
@@ -480,22 +482,3 @@ def without_late_row_filter(df):
         return df
     return df.select(*[F.col(f"`{c}`").alias(c, metadata={"spark_changelog.event_time": True})
                        if c in marked else F.col(f"`{c}`") for c in df.columns])
-
-
-def split_metrics(pdf: pd.DataFrame) -> tuple[pd.DataFrame, list[dict]]:
-    """Separate the data rows of an operator output from its metric rows."""
-    if METRICS_COL not in pdf.columns:
-        return pdf, []
-    is_metric = pdf[KIND_COL].to_numpy(dtype=np.int64) == METRICS_KIND
-    metrics = [json.loads(s) for s in pdf.loc[is_metric, METRICS_COL]]
-    data = pdf[~is_metric].drop(columns=[METRICS_COL]).reset_index(drop=True)
-    data[KIND_COL] = data[KIND_COL].astype(np.int8)
-    return data, metrics
-
-
-def sum_counters(metrics: list[dict]) -> dict:
-    total: dict = {}
-    for m in metrics:
-        for k, v in m.get("counters", {}).items():
-            total[k] = total.get(k, 0) + v
-    return total

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from changelog_data import load_fixture, schema_of, to_frame, to_rows
+from changelog_data import key_groups_separating, load_fixture, schema_of, to_frame, to_rows
 from spark_changelog.api import ChangelogStream, PlanWarning
 from spark_changelog.model import KIND_COL, SEQ_COL
 from spark_changelog.operators.sink_upsert_materializer import SinkUpsertMaterializer
@@ -93,16 +93,10 @@ def seed_inputs(tmp_path_factory, spark):
     second (two micro-batches).  Key groups: the smallest count that puts join
     keys 10 and 20 in different groups, so -U(1,10,a1) and +U(1,20,b1) get
     sequence numbers from different counters (the disorder of docs/semantics.md, section 2)."""
-    from pyspark.sql import functions as F
     base = tmp_path_factory.mktemp("seed")
     write(base / "s2", [to_frame(S2_ROWS, S2_COLS)], S2_ARROW)
     write(base / "s1", [to_frame(S1_ROWS[:1], S1_COLS), to_frame(S1_ROWS[1:], S1_COLS)], S1_ARROW)
-    row = spark.range(1).select(*[
-        (F.pmod(F.hash(F.lit(10).cast("bigint")), F.lit(g))
-         != F.pmod(F.hash(F.lit(20).cast("bigint")), F.lit(g))).alias(str(g))
-        for g in range(2, 9)]).first()
-    groups = next(int(g) for g in row.asDict() if row[g])
-    return base, groups
+    return base, key_groups_separating(spark, 10, 20)
 
 
 def test_seed_explain_from_the_api(spark, seed_inputs):

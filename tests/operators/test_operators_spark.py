@@ -16,7 +16,8 @@ from spark_changelog.operators.aggregate.group_aggregate import GroupAggregate
 from spark_changelog.operators.deduplicate import ProcTimeKeepFirst, RowTimeKeepFirst, RowTimeKeepLast
 from spark_changelog.operators.top_n import RetractableTopN
 from spark_changelog.runtime.local import LocalRunner
-from spark_changelog.runtime.spark_keyed import apply_keyed, split_metrics
+from spark_changelog.runtime.pipeline import split_metrics
+from spark_changelog.runtime.spark_keyed import apply_keyed
 from tests.reference.aggregate import RefGroupAggregate
 from tests.reference.deduplicate import RefKeepFirst, RefKeepLast
 from tests.reference.top_n import RefTopN
@@ -82,9 +83,9 @@ def run_spark(spark, directory, operator, streaming, watermark=False):
         df = df.withWatermark("rt", "1 millisecond") if streaming else df
     out = apply_keyed(df, operator, key_groups=2)
     if not streaming:
-        return [split_metrics(out.toPandas())[0]]
+        return [split_metrics(out.toArrow())[0]]
     batches = []
-    query = (out.writeStream.foreachBatch(lambda b, _: batches.append(b.toPandas()))
+    query = (out.writeStream.foreachBatch(lambda b, _: batches.append(b.toArrow()))
              .trigger(availableNow=True)
              .option("checkpointLocation", os.path.join(directory, "..", "ck")).start())
     query.awaitTermination()
@@ -241,7 +242,7 @@ def test_streaming_keep_first_on_spark_dedup_state_is_exact_and_passes_side_rows
     out = apply_keyed(df, op, key_groups=2)
     assert "_side_id" not in out.columns
     batches = []
-    query = (out.writeStream.foreachBatch(lambda b, _: batches.append(b.toPandas()))
+    query = (out.writeStream.foreachBatch(lambda b, _: batches.append(b.toArrow()))
              .trigger(availableNow=True).option("checkpointLocation", str(tmp_path / "ck")).start())
     query.awaitTermination()
     got = [sorted((kind, tuple(v)) for kind, v in to_rows(split_metrics(b)[0], COLS))

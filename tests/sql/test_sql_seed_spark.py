@@ -15,6 +15,7 @@ import pathlib
 
 import pytest
 
+from changelog_data import key_groups_separating
 from sql_inputs import source_options, write_changelog
 from spark_changelog.api import read_changes
 from spark_changelog.sinks.delta import read_table
@@ -30,18 +31,12 @@ def seed(tmp_path_factory, spark):
     """Inputs, and the key-group count that puts join keys 10 and 20 in different
     groups (so the join's -U(1,10,a1) and +U(1,20,b1) come from different
     sequence counters: the disorder of docs/semantics.md, section 2)."""
-    from pyspark.sql import functions as F
     base = tmp_path_factory.mktemp("sqlseed")
     write_changelog(base / "s2", ["id", "attr"], ["BIGINT", "STRING"],
                     [[("+I", [10, "a1"], 1), ("+I", [20, "b1"], 2)]])
     write_changelog(base / "s1", ["id", "level"], ["BIGINT", "BIGINT"],
                     [[("+I", [1, 10], 1)], [("-U", [1, 10], 2), ("+U", [1, 20], 3)]])
-    row = spark.range(1).select(*[
-        (F.pmod(F.hash(F.lit(10).cast("bigint")), F.lit(g))
-         != F.pmod(F.hash(F.lit(20).cast("bigint")), F.lit(g))).alias(str(g))
-        for g in range(2, 9)]).first()
-    groups = next(int(g) for g in row.asDict() if row[g])
-    return base, groups
+    return base, key_groups_separating(spark, 10, 20)
 
 
 def script(base, out: str, *, extra_source_options: str = ""):
