@@ -5,7 +5,7 @@ The semantics it implements are in ``docs/semantics.md``; docs/ explain the desi
 The names below are imported on first use (PEP 562): Spark's Python workers
 import this package to unpickle an operator or a reader task, and importing
 the whole API there (the SQL parser, the planner) cost each new worker about
-a second (docs/runtime.md, "The first micro-batch").
+a second (docs/runtime.md, "Fixed costs of every process").
 """
 from __future__ import annotations
 

@@ -29,9 +29,6 @@ DEFAULT_CONFIGS = {
     "spark.sql.adaptive.enabled": "false",
     "spark.driver.memory": "4g",
     "spark.python.worker.reuse": "true",
-    # PySpark's daemon, importing PySpark from the installed package rather
-    # than its zip (runtime/worker_daemon.py): ~1.5 s less per new worker
-    "spark.python.daemon.module": "spark_changelog.runtime.worker_daemon",
     # The JIT leaves methods over 8000 bytecode bytes interpreted; Spark's
     # whole-stage code for the readers' validation is larger, and interpreted
     # it cost ~40% more CPU per row (docs/runtime.md, "Where the time goes")
@@ -43,9 +40,16 @@ DEFAULT_CONFIGS = {
 #: only the JIT's quick tier.  Its optimizing tier spent 16-24 CPU seconds
 #: compiling Spark's code in every process, while a whole 1M-event job took
 #: 45 CPU seconds; without it the same job takes 30, and the 2M-event job
-#: 46 instead of 58 (docs/runtime.md, "The JIT").  Executors of a cluster
+#: 46 instead of 58 (docs/runtime.md, "Fixed costs of every process").  Executors of a cluster
 #: live longer and keep the default.
 LOCAL_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:-DontCompileHugeMethods"
+
+#: Local runs only (their workers see this interpreter's packages; a
+#: cluster's executors may get the package later, with ``--py-files``):
+#: PySpark's daemon, importing PySpark from the installed package rather
+#: than its zip (runtime/worker_daemon.py): ~1.5 s less per new worker.
+LOCAL_CONFIGS = {"spark.driver.extraJavaOptions": LOCAL_JAVA_OPTIONS,
+                 "spark.python.daemon.module": "spark_changelog.runtime.worker_daemon"}
 
 
 def spark_log_path() -> str:
@@ -103,7 +107,7 @@ def build_session(app_name: str = "spark-changelog", master: Optional[str] = Non
         builder = builder.master(master)
     merged = dict(DEFAULT_CONFIGS)
     if master and master.startswith("local"):
-        merged["spark.driver.extraJavaOptions"] = LOCAL_JAVA_OPTIONS
+        merged.update(LOCAL_CONFIGS)
     merged["spark.pyspark.python"] = sys.executable
     merged["spark.pyspark.driver.python"] = sys.executable
     merged.update(configs or {})

@@ -9,7 +9,7 @@ holds the same code as the package directory, but Python imports from a zip
 without bytecode caching: each new worker compiled PySpark's worker modules
 from source (1.4-1.8 s of CPU per worker, on every worker of a job's first
 micro-batch), and re-read the zips' and the jar's directories whenever a
-task added a path (docs/runtime.md, "The first micro-batch").  So when the
+task added a path (docs/runtime.md, "Fixed costs of every process").  So when the
 zip and jar entries lie inside the ``pyspark`` package directory that is
 also importable from a plain directory on the path, they are dropped; the
 forked workers inherit the path.  Any other layout (a cluster's
