@@ -10,9 +10,10 @@ Spark's ``text`` source splits files but cannot number lines: a task only sees
 its byte range.  Here Spark lists the files (the ``binaryFile`` source without
 its ``content`` column, so nothing is read; in streaming it is Spark's file
 stream source, with its checkpointed file log and ``maxFilesPerTrigger``), each
-file becomes byte ranges of ``spark.sql.files.maxPartitionBytes``, the ranges are
-spread over tasks (a round-robin repartition of the few range rows), and a
-Python task (``mapInArrow``) reads its range with ``pyarrow.fs``:
+file is cut into as many byte ranges as there are tasks (at least 1 MB, at
+most ``spark.sql.files.maxPartitionBytes`` each), a file's ranges are placed
+on consecutive tasks (:func:`placement_sql`), and a Python task
+(``mapInArrow``) reads its range with ``pyarrow.fs``:
 
 * a range owns the lines that *start* inside it (Hadoop's rule): it skips a
   partial first line and reads past its end to finish its last line;
@@ -99,13 +100,40 @@ def read_lines(spark, path: Union[str, Sequence[str]], *, streaming: bool = Fals
     else:
         paths = [path] if isinstance(path, str) else list(path)
         files = spark.read.format("binaryFile").load(paths)
-    split = max(1, int(_bytes(spark.conf.get("spark.sql.files.maxPartitionBytes", "128m"))))
-    ranges = files.selectExpr(
-        "path", "length", f"explode(sequence(0, greatest(length - 1, 0), {split})) AS start",
-    ).selectExpr("path", "length", "start", f"least(start + {split}, length) AS end")
+    max_split = max(1, int(_bytes(spark.conf.get("spark.sql.files.maxPartitionBytes", "128m"))))
     tasks = max(1, int(spark.sparkContext.defaultParallelism))
+    ranges = files.selectExpr("path", "length", split_size_sql("length", tasks, max_split) + " AS split")
+    ranges = ranges.selectExpr(
+        "path", "length", "split",
+        "posexplode(sequence(0, greatest(length - 1, 0), split)) AS (range_no, start)",
+    ).selectExpr("path", "length", "start", "least(start + split, length) AS end",
+                 placement_sql("path", "range_no", tasks) + " AS _task")
     reader = RangeReader(keep_header, parser)
-    return ranges.repartition(tasks).mapInArrow(reader, line_ddl(keep_header, parser))
+    return ranges.repartition(tasks, "_task").drop("_task").mapInArrow(reader, line_ddl(keep_header, parser))
+
+
+#: a file is not cut into ranges smaller than this (each range costs a task
+#: call and, after the first, a scan of the file's start to number its lines)
+MIN_RANGE_BYTES = 1 << 20
+
+
+def split_size_sql(length: str, tasks: int, max_split: int) -> str:
+    """The byte size of a file's ranges: the file cut into ``tasks`` ranges
+    (so a micro-batch of a few files still keeps every task busy), each at
+    least :data:`MIN_RANGE_BYTES` and at most ``maxPartitionBytes``."""
+    return (f"least(CAST({max_split} AS BIGINT), greatest(CAST({MIN_RANGE_BYTES} AS BIGINT), "
+            f"CAST(ceil({length} / {tasks}) AS BIGINT)))")
+
+
+def placement_sql(path: str, range_no: str, tasks: int) -> str:
+    """The id to repartition a range by so that it lands on task
+    ``(pmod(hash(path), tasks) + range_no) % tasks``: a file's ranges go to
+    consecutive tasks, so a file cut into ``tasks`` ranges gives each task one.
+    A round-robin repartition placed the ranges by a random start per listing
+    partition and could put a micro-batch's two files on one task."""
+    from ..runtime.partitioning import spread_group_ids
+    ids = ", ".join(str(i) for i in spread_group_ids(tasks))
+    return f"element_at(array({ids}), CAST(pmod(pmod(hash({path}), {tasks}) + {range_no}, {tasks}) AS INT) + 1)"
 
 
 def _bytes(text: str) -> int:

@@ -40,6 +40,7 @@ from ..model.watermark import NO_WATERMARK
 from ..model.windows import WindowAssigner, assign_windows
 from ..operators.base import KeyedOperator
 from .event_time import batch_progress, run_event_time_batch
+from .partitioning import spread_group_ids
 from .spark_keyed import (KEY_GROUP_COL, METRICS_GROUP, METRICS_KIND,
                           KeyGroupProcessor, _arrow_input, _arrow_output,
                           _with_metrics, arrow_schema_of, output_schema_with_metrics,
@@ -69,42 +70,6 @@ def _key_groups_of(table: pa.Table, key, key_groups: int) -> np.ndarray:
         cols[k] = col.to_pandas()
     h = pd.util.hash_pandas_object(pd.DataFrame(cols), index=False).to_numpy()
     return (h % np.uint64(key_groups)).astype(np.int32)
-
-
-def _murmur3_int(value: int, seed: int = 42) -> int:
-    """Spark's ``hash()`` of an INT (Murmur3 x86 32-bit, seed 42): what its
-    hash partitioner places a row by."""
-    def rotl(x, r):
-        return ((x << r) | (x >> (32 - r))) & 0xFFFFFFFF
-    k = (value & 0xFFFFFFFF) * 0xCC9E2D51 & 0xFFFFFFFF
-    k = rotl(k, 15) * 0x1B873593 & 0xFFFFFFFF
-    h = rotl(seed ^ k, 13)
-    h = (h * 5 + 0xE6546B64) & 0xFFFFFFFF
-    h ^= 4
-    h ^= h >> 16
-    h = h * 0x85EBCA6B & 0xFFFFFFFF
-    h ^= h >> 13
-    h = h * 0xC2B2AE35 & 0xFFFFFFFF
-    h ^= h >> 16
-    return h - (1 << 32) if h >= 1 << 31 else h
-
-
-def spread_group_ids(key_groups: int) -> list:
-    """The ``_kg`` value of each key group: for group ``g`` the smallest
-    non-negative int whose ``pmod(hash(id), key_groups)`` is ``g``.  With
-    ``0 .. key_groups - 1`` Spark's hash partitioner put key groups 0 and 1
-    in the same one of two shuffle partitions (one core did all the work);
-    with these ids every shuffle partition count dividing ``key_groups``
-    gets the same number of groups.  The ids depend on ``key_groups`` only,
-    so a restart finds each group's state under the same id."""
-    ids = [None] * key_groups
-    i = 0
-    while any(x is None for x in ids):
-        g = _murmur3_int(i) % key_groups
-        if ids[g] is None:
-            ids[g] = i
-        i += 1
-    return ids
 
 
 def _pack(table: pa.Table) -> bytes:

@@ -81,3 +81,26 @@ def test_spark_reads_split_files_with_exact_line_numbers(spark, tmp_path):
     got = sorted((os.path.basename(r["file"]), r["file_no"], r["line"], r["raw"]) for r in rows)
     assert got == sorted((name, no, i, raw) for name, no in (("a-1.json", 1), ("b-2.json", 2))
                          for i, raw in enumerate(lines, 1))
+
+
+def test_a_files_ranges_go_to_consecutive_tasks(spark):
+    """Each file is cut into one range per task and its ranges land on
+    distinct tasks (Spark's hash partitioner on :func:`placement_sql`), so a
+    micro-batch of two files keeps every task busy."""
+    tasks = 4
+    paths = [f"file:/data/cdc/customers-{i:04d}.json" for i in range(3)]
+    rows = spark.createDataFrame([(p, n) for p in paths for n in range(tasks)], "path STRING, range_no INT")
+    placed = rows.selectExpr("path", "range_no",
+                             f"pmod(hash({L.placement_sql('path', 'range_no', tasks)}), {tasks}) AS task",
+                             f"pmod(hash(path), {tasks}) AS first").collect()
+    for r in placed:
+        assert r.task == (r.first + r.range_no) % tasks
+    for p in paths:
+        assert sorted(r.task for r in placed if r.path == p) == list(range(tasks))
+
+
+def test_split_size_cuts_a_file_into_one_range_per_task(spark):
+    size = L.split_size_sql("length", 4, 128 << 20)
+    got = spark.createDataFrame([(0,), (1000,), (8 << 20,), (52 << 20,), (1 << 30,)], "length BIGINT") \
+        .selectExpr(f"{size} AS split").collect()
+    assert [r.split for r in got] == [L.MIN_RANGE_BYTES, L.MIN_RANGE_BYTES, 2 << 20, 13 << 20, 128 << 20]

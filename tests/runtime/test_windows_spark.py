@@ -117,20 +117,3 @@ def test_window_table_function_alone(spark):
                   for a, b in zip(pd.to_datetime(out["window_start"], utc=True),
                                   pd.to_datetime(out["window_end"], utc=True))) == [
         (30, 90), (60, 120)]
-
-
-def test_key_group_ids_spread_over_shuffle_partitions(spark):
-    """The packed key groups' ids land on distinct shuffle partitions (Spark's
-    hash partitioner: ``pmod(hash(id), partitions)``), so every core gets a
-    share of the operator's work; the Python hash equals Spark's."""
-    from pyspark.sql import functions as F
-    from spark_changelog.runtime.spark_event_time import _murmur3_int, spread_group_ids
-    ints = [-2**31, -7, -1, 0, 1, 2, 12, 2**31 - 1]
-    got = spark.createDataFrame([(i,) for i in ints], "i INT").select(F.hash("i")).collect()
-    assert [r[0] for r in got] == [_murmur3_int(i) for i in ints]
-    for groups, partitions in [(2, 2), (4, 2), (4, 4), (8, 2)]:
-        ids = spread_group_ids(groups)
-        rows = spark.createDataFrame([(i,) for i in ids], "kg INT").select(
-            F.expr(f"pmod(hash(kg), {partitions})").alias("p")).collect()
-        counts = pd.Series([r.p for r in rows]).value_counts().sort_index().tolist()
-        assert counts == [groups // partitions] * partitions, (groups, partitions, ids)

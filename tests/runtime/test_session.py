@@ -1,0 +1,16 @@
+"""The session's JVM: a local run uses only the JIT's quick tier and compiles
+Spark's large generated methods (runtime/session.py, docs/runtime.md "Fixed costs of every process")."""
+from spark_changelog.runtime.session import LOCAL_JAVA_OPTIONS
+
+
+def test_a_local_session_runs_the_quick_jit_tier(spark):
+    jvm = spark.sparkContext._jvm
+    args = list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
+    assert "-XX:TieredStopAtLevel=1" in args
+    assert "-XX:-DontCompileHugeMethods" in args
+    assert spark.sparkContext.getConf().get("spark.driver.extraJavaOptions").endswith(LOCAL_JAVA_OPTIONS)
+
+
+def test_local_workers_start_from_our_daemon(spark):
+    assert spark.sparkContext.getConf().get("spark.python.daemon.module") == \
+        "spark_changelog.runtime.worker_daemon"

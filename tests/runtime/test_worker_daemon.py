@@ -1,0 +1,34 @@
+"""The Python worker daemon drops PySpark's bundled zip and jar from the
+import path when the same PySpark is installed as a package."""
+import os
+
+from spark_changelog.runtime.worker_daemon import without_bundled_copies
+
+
+def test_bundled_copies_inside_the_installed_package_are_dropped(tmp_path):
+    site = tmp_path / "site-packages"
+    lib = site / "pyspark" / "python" / "lib"
+    lib.mkdir(parents=True)
+    (site / "pyspark" / "__init__.py").write_text("")
+    zip_, py4j = str(lib / "pyspark.zip"), str(lib / "py4j-0.10.9.9-src.zip")
+    jar = str(site / "pyspark" / "jars" / "spark-core.jar")
+    other = str(tmp_path / "user-deps.zip")
+    path = [str(tmp_path), zip_, py4j, jar, other, str(site)]
+    assert without_bundled_copies(path) == [str(tmp_path), other, str(site)]
+
+
+def test_a_spark_home_without_an_installed_pyspark_is_left_alone(tmp_path):
+    zip_ = str(tmp_path / "spark" / "python" / "lib" / "pyspark.zip")
+    path = [zip_, str(tmp_path / "site-packages")]
+    assert without_bundled_copies(path) == path
+
+
+def test_workers_import_pyspark_from_the_package(spark):
+    """What the daemon gives every worker: PySpark from the installed
+    package (compiled bytecode cached), not from the zip."""
+    files = spark.sparkContext.parallelize([0, 1], 2).map(
+        lambda _: (__import__("pyspark").__file__,
+                   any(p.endswith("pyspark.zip") for p in __import__("sys").path))).collect()
+    import pyspark
+    assert files == [(pyspark.__file__, False)] * 2
+    assert not os.path.dirname(pyspark.__file__).endswith(".zip")
