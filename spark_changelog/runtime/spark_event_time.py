@@ -66,13 +66,11 @@ def _struct(**fields) -> StructType:
 #: The state variables' schemas as types: given a DDL string, PySpark asks the
 #: JVM to parse it, once when the variable is declared and once more for its
 #: client (twice for a map state's key and value), one round trip each in
-#: every task; under load a round trip costs 15-25 ms (docs/runtime.md, "The
-#: fixed cost of a micro-batch").  The same fields, so the same state layout as
-#: ``KeyGroupProcessor.init``'s strings.
+#: every task (docs/runtime.md, "The fixed cost of a micro-batch").  The same
+#: fields as ``KeyGroupProcessor.init``'s strings, so the same state layout.
 _META = _struct(run_ids=StringType(), next_seq=LongType())
 _RUN_ID = _struct(run_id=StringType())
 _BLOB = _struct(blob=BinaryType())
-_TIMER = _struct(at=LongType())
 _WATERMARKS = _struct(json=StringType())
 
 
@@ -228,10 +226,10 @@ class EventTimeKeyGroupProcessor(KeyGroupProcessor):
         self.handle = handle
         self.meta = handle.getValueState("meta", _META)
         self.runs = handle.getMapState("runs", _RUN_ID, _BLOB)
-        # declared as the base class does, unused: this processor fires windows
-        # from its own watermarks, without Spark's timers
-        self.timer = (handle.getValueState("timer", _TIMER)
-                      if self.operator.uses_watermark else None)
+        # no "timer" variable: this processor fires windows from its own
+        # watermarks, without Spark's timers (checkpoints that declared one
+        # restart without it; each declaration costs the JVM 10-130 ms per task)
+        self.timer = None
         self.schema = run_schema(self.operator.state_schema)
         self.watermarks = handle.getValueState("watermarks", _WATERMARKS)
 
