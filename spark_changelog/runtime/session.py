@@ -12,6 +12,10 @@ import tempfile
 from typing import Mapping, Optional
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+#: checkpoint files through Hadoop's ``FileSystem`` API (docs/runtime.md, "The
+#: fixed cost of a micro-batch")
+FILE_SYSTEM_CHECKPOINTS = ("org.apache.spark.sql.execution.streaming.checkpointing."
+                           "FileSystemBasedCheckpointFileManager")
 
 DEFAULT_CONFIGS = {
     # transformWithState needs RocksDB; it is also the provider whose checkpoints
@@ -40,16 +44,24 @@ DEFAULT_CONFIGS = {
 #: only the JIT's quick tier.  Its optimizing tier spent 16-24 CPU seconds
 #: compiling Spark's code in every process, while a whole 1M-event job took
 #: 45 CPU seconds; without it the same job takes 30, and the 2M-event job
-#: 46 instead of 58 (docs/runtime.md, "Fixed costs of every process").  Executors of a cluster
-#: live longer and keep the default.
+#: 46 instead of 58 (docs/runtime.md, "Fixed costs of every process").
+#: Executors of a cluster live longer and keep the default.
 LOCAL_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:-DontCompileHugeMethods"
 
 #: Local runs only (their workers see this interpreter's packages; a
 #: cluster's executors may get the package later, with ``--py-files``):
 #: PySpark's daemon, importing PySpark from the installed package rather
 #: than its zip (runtime/worker_daemon.py): ~1.5 s less per new worker.
+#: Spark's default checkpoint manager renames through Hadoop's FileContext,
+#: which on the local file system (no native Hadoop library) runs `readlink`
+#: as a child process for both paths of every rename: ~40 processes per
+#: micro-batch of a stateful query (offset and commit logs, the file source's
+#: log, each state-store partition's changelog), 0.2-0.4 s of each batch on a
+#: loaded machine.  The FileSystem manager renames with java.io.File (atomic
+#: on a local disk).
 LOCAL_CONFIGS = {"spark.driver.extraJavaOptions": LOCAL_JAVA_OPTIONS,
-                 "spark.python.daemon.module": "spark_changelog.runtime.worker_daemon"}
+                 "spark.python.daemon.module": "spark_changelog.runtime.worker_daemon",
+                 "spark.sql.streaming.checkpointFileManagerClass": FILE_SYSTEM_CHECKPOINTS}
 
 
 def spark_log_path() -> str:

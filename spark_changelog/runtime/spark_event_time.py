@@ -32,6 +32,7 @@ from typing import Iterator, Optional
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 
 from ..model import KIND_COL
 from ..model.partition_watermarks import (FILE_PARTITIONS, EventTimeSpec,
@@ -41,6 +42,7 @@ from ..model.windows import WindowAssigner, assign_windows
 from ..operators.base import KeyedOperator
 from .event_time import batch_progress, run_event_time_batch
 from .partitioning import spread_group_ids
+from .state_runs import RunStack, run_schema
 from .spark_keyed import (KEY_GROUP_COL, METRICS_GROUP, METRICS_KIND,
                           KeyGroupProcessor, _arrow_input, _arrow_output,
                           _with_metrics, arrow_schema_of, output_schema_with_metrics,
@@ -56,6 +58,21 @@ _HELPERS = (PART_COL, PROGRESS_COL, NOW_COL)
 EVENT_TIME_KEY_GROUPS = 2
 #: the column of the packed rows (one Arrow IPC blob per key group and Spark partition)
 PACKED_COL = "rows"
+
+
+def _struct(**fields) -> StructType:
+    return StructType([StructField(name, t) for name, t in fields.items()])
+
+
+#: The state variables' schemas as types: given a DDL string, PySpark asks the
+#: JVM to parse it, once when the variable is declared and once more for its
+#: client (twice for a map state's key and value), one round trip each in
+#: every task (docs/runtime.md, "The fixed cost of a micro-batch").  The same
+#: fields as ``KeyGroupProcessor.init``'s strings, so the same state layout.
+_META = _struct(run_ids=StringType(), next_seq=LongType())
+_RUN_ID = _struct(run_id=StringType())
+_BLOB = _struct(blob=BinaryType())
+_WATERMARKS = _struct(json=StringType())
 
 
 def _key_groups_of(table: pa.Table, key, key_groups: int) -> np.ndarray:
@@ -170,8 +187,16 @@ class EventTimeKeyGroupProcessor(KeyGroupProcessor):
         self.report_group = report_group
 
     def init(self, handle) -> None:
-        super().init(handle)
-        self.watermarks = handle.getValueState("watermarks", "json STRING")
+        # KeyGroupProcessor.init's variables, declared with types (_META)
+        self.handle = handle
+        self.meta = handle.getValueState("meta", _META)
+        self.runs = handle.getMapState("runs", _RUN_ID, _BLOB)
+        # no "timer" variable: this processor fires windows from its own
+        # watermarks, without Spark's timers (checkpoints that declared one
+        # restart without it; each declaration costs the JVM 10-130 ms per task)
+        self.timer = None
+        self.schema = run_schema(self.operator.state_schema)
+        self.watermarks = handle.getValueState("watermarks", _WATERMARKS)
 
     def handleInputRows(self, key, rows, timerValues) -> Iterator[pd.DataFrame]:
         op = self.operator
@@ -193,7 +218,7 @@ class EventTimeKeyGroupProcessor(KeyGroupProcessor):
                                      "progress": summary[PROGRESS_COL].to_numpy(dtype=np.int64)})
             now = int(summary[NOW_COL].max().value // 1_000_000)
         stack, run_ids, next_seq, misses = self._load(key)
-        stored = self.watermarks.get() if self.watermarks.exists() else None
+        stored = self.watermarks.get()   # None when absent (no exists() round trip)
         wms = PartitionWatermarks.from_json(stored[0] if stored else None)
         before = wms.combined_or_none
         out, wms, ctx = run_event_time_batch(op, stack, data, wms, progress, self.spec,
@@ -290,8 +315,6 @@ def apply_event_time(df, operator: KeyedOperator, spec: EventTimeSpec, *,
         return grouped.transformWithStateInPandas(
             statefulProcessor=processor, outputStructType=out_schema, outputMode="Append",
             timeMode="None")
-
-    from .state_runs import RunStack
 
     def run_group(table: pa.Table) -> pa.Table:
         rows = unpack(table.column(PACKED_COL).to_pylist())
