@@ -165,7 +165,7 @@ class KeyedOperator(abc.ABC):
         seen in earlier micro-batches, and a seen key's later rows are dropped:
         ``process`` on an empty state then gives a batch's output up to those
         drops.  A streaming runtime may keep that set in Spark's own
-        deduplication state (``spark_keyed.apply_seen_keys``)."""
+        deduplication state (``spark_seen_keys.apply_seen_keys``)."""
         return False
 
     @property
