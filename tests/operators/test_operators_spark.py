@@ -262,3 +262,20 @@ def test_streaming_keep_first_on_spark_dedup_state_is_exact_and_passes_side_rows
     assert sum("dead_letter" in m for m in metrics) == 2
     counters = [m["counters"] for m in metrics if m.get("operator") == op.name]
     assert sum(c.get("rows_in", 0) for c in counters) == 9
+
+    # all three files in one batch (an input partition per file): a key's
+    # smallest _seq wins across the batch's partitions
+    one = (spark.readStream.schema(from_arrow_schema(ARROW)).option("maxFilesPerTrigger", 3)
+           .parquet(str(tmp_path / "in")))
+    spark.conf.set(FIRST_STEP_TASKS_CONF, str(first_step_tasks))
+    try:
+        out = apply_keyed(one, op, key_groups=2)
+    finally:
+        spark.conf.unset(FIRST_STEP_TASKS_CONF)
+    batches.clear()
+    query = (out.writeStream.foreachBatch(lambda b, _: batches.append(b.toArrow()))
+             .trigger(availableNow=True).option("checkpointLocation", str(tmp_path / "ck1")).start())
+    query.awaitTermination()
+    assert [sorted((kind, tuple(v)) for kind, v in to_rows(split_metrics(b)[0], COLS))
+            for b in batches] == [[("+I", (1, 12, 0)), ("+I", (2, 22, 0)), ("+I", (3, 31, 0)),
+                                   ("+I", (4, 40, 0))]]
