@@ -165,8 +165,16 @@ class KeyedOperator(abc.ABC):
         seen in earlier micro-batches, and a seen key's later rows are dropped:
         ``process`` on an empty state then gives a batch's output up to those
         drops.  A streaming runtime may keep that set in Spark's own
-        deduplication state (``spark_keyed.apply_seen_keys``)."""
+        deduplication state (``spark_seen_keys.apply_seen_keys``), calling
+        :meth:`first_in_batch` instead of ``process``."""
         return False
+
+    def first_in_batch(self, rows: pd.DataFrame, ctx: OpContext) -> np.ndarray:
+        """For an operator whose :attr:`state_is_seen_keys`: ``process`` on an
+        empty state as a mask over ``rows`` (sorted by key, then ``_seq``; the
+        key columns, ``_kind`` and ``_seq`` suffice): the rows it emits,
+        unchanged but for ``_kind``."""
+        raise NotImplementedError(f"{self.name} does not keep only the keys it has seen")
 
     @property
     def uses_watermark(self) -> bool:

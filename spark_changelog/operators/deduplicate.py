@@ -116,7 +116,8 @@ def _check_insert_only(op: KeyedOperator, rows: pd.DataFrame) -> None:
     bad = np.flatnonzero(kinds != RowKind.INSERT)
     if len(bad):
         row = rows.iloc[int(bad[0])]
-        shown = ", ".join(f"{c}={_plain(row[c])!r}" for c in op.data_columns)
+        # a narrow frame (``ProcTimeKeepFirst.first_in_batch``) shows the columns it has
+        shown = ", ".join(f"{c}={_plain(row[c])!r}" for c in op.data_columns if c in row.index)
         more = f" and {len(bad) - 1} more non-insert row(s)" if len(bad) > 1 else ""
         raise ValueError(
             f"{op.name} accepts an insert-only input, got a {RowKind(int(kinds[bad[0]])).short} "
@@ -184,13 +185,26 @@ class ProcTimeKeepFirst(_Dedup):
         return pa.schema([self.input_schema.field(k) for k in self.key]
                          + [pa.field(TOUCHED_COL, pa.int64())])
 
-    def process(self, state, rows, ctx):
+    def _first_rows(self, rows: pd.DataFrame, ctx: OpContext) -> np.ndarray:
         _check_insert_only(self, rows)
+        ctx.metrics.add("rows_in", len(rows))
+        return first_of_key(rows, list(self.key))
+
+    def first_in_batch(self, rows: pd.DataFrame, ctx: OpContext) -> np.ndarray:
+        """What :meth:`process` emits on an empty state, as a mask over
+        ``rows`` (sorted by key, then ``_seq``): each key's first row.  Only the
+        key columns, ``_kind`` and ``_seq`` are read, so a runtime keeping the
+        seen keys elsewhere (``runtime/spark_seen_keys.py``) hands over just
+        those and takes the rows from its own copy.  Counters as in ``process``."""
+        first = self._first_rows(rows, ctx)
+        ctx.metrics.add("duplicates", int((~first).sum()))
+        return first
+
+    def process(self, state, rows, ctx):
         key = list(self.key)
         state = self._live(state, ctx)
-        first = first_of_key(rows, key)
+        first = self._first_rows(rows, ctx)
         new = first & (lookup_unique(rows, state, key) < 0)
-        ctx.metrics.add("rows_in", len(rows))
         ctx.metrics.add("duplicates", int((~new).sum()))
         out = rows.loc[new, self.data_columns + [KIND_COL, SEQ_COL]].reset_index(drop=True)
         out[KIND_COL] = np.int8(RowKind.INSERT)

@@ -18,6 +18,7 @@ from spark_changelog.operators.top_n import RetractableTopN
 from spark_changelog.runtime.local import LocalRunner
 from spark_changelog.runtime.pipeline import split_metrics
 from spark_changelog.runtime.spark_keyed import apply_keyed
+from spark_changelog.runtime.spark_seen_keys import FIRST_STEP_TASKS_CONF
 from tests.reference.aggregate import RefGroupAggregate
 from tests.reference.deduplicate import RefKeepFirst, RefKeepLast
 from tests.reference.top_n import RefTopN
@@ -213,11 +214,14 @@ def test_api_methods_build_the_operators_batch(spark):
     assert table(s.top_n(2, "k", "v DESC", with_rank=True), ["k", "rn", "v", "t"], 2) == want
 
 
-def test_streaming_keep_first_on_spark_dedup_state_is_exact_and_passes_side_rows(spark, tmp_path):
+@pytest.mark.parametrize("first_step_tasks", [1, 3])
+def test_streaming_keep_first_on_spark_dedup_state_is_exact_and_passes_side_rows(
+        spark, tmp_path, first_step_tasks):
     """Streaming keep first keeps its seen keys in Spark's dedup state
     (``apply_seen_keys``): per batch the smallest ``_seq`` of a new key wins
     whatever the file order, keys of earlier batches are dropped, and an
-    upstream side row passes through once per batch."""
+    upstream side row passes through once per batch; with the first step in
+    one task (coalesced batch, the default) and over three (repartitioned)."""
     import json
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_schema
@@ -239,7 +243,11 @@ def test_streaming_keep_first_on_spark_dedup_state_is_exact_and_passes_side_rows
             F.lit(-1).cast("tinyint").alias("_kind"), F.col("_seq"),
             F.lit(side).alias("_metrics")))
     op = ProcTimeKeepFirst(ARROW, ["k"])
-    out = apply_keyed(df, op, key_groups=2)
+    spark.conf.set(FIRST_STEP_TASKS_CONF, str(first_step_tasks))
+    try:
+        out = apply_keyed(df, op, key_groups=2)
+    finally:
+        spark.conf.unset(FIRST_STEP_TASKS_CONF)
     assert "_side_id" not in out.columns
     batches = []
     query = (out.writeStream.foreachBatch(lambda b, _: batches.append(b.toArrow()))
@@ -254,3 +262,20 @@ def test_streaming_keep_first_on_spark_dedup_state_is_exact_and_passes_side_rows
     assert sum("dead_letter" in m for m in metrics) == 2
     counters = [m["counters"] for m in metrics if m.get("operator") == op.name]
     assert sum(c.get("rows_in", 0) for c in counters) == 9
+
+    # all three files in one batch (an input partition per file): a key's
+    # smallest _seq wins across the batch's partitions
+    one = (spark.readStream.schema(from_arrow_schema(ARROW)).option("maxFilesPerTrigger", 3)
+           .parquet(str(tmp_path / "in")))
+    spark.conf.set(FIRST_STEP_TASKS_CONF, str(first_step_tasks))
+    try:
+        out = apply_keyed(one, op, key_groups=2)
+    finally:
+        spark.conf.unset(FIRST_STEP_TASKS_CONF)
+    batches.clear()
+    query = (out.writeStream.foreachBatch(lambda b, _: batches.append(b.toArrow()))
+             .trigger(availableNow=True).option("checkpointLocation", str(tmp_path / "ck1")).start())
+    query.awaitTermination()
+    assert [sorted((kind, tuple(v)) for kind, v in to_rows(split_metrics(b)[0], COLS))
+            for b in batches] == [[("+I", (1, 12, 0)), ("+I", (2, 22, 0)), ("+I", (3, 31, 0)),
+                                   ("+I", (4, 40, 0))]]
