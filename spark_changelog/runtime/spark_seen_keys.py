@@ -23,12 +23,22 @@ from .spark_keyed import (_arrow_input, _arrow_output, output_schema_with_metric
 #: deduplication never takes a side row for a duplicate
 SIDE_ID_COL = "_side_id"
 #: Spark conf: tasks of the step choosing each key's first row of a micro-batch.
-#: 1 (the default): the batch in one Python task, no shuffle before it; more:
-#: the batch repartitioned by key over that many tasks, and shuffled again for
-#: the deduplication (docs/runtime.md, "Keep first on processing time")
+#: 1: the batch in one Python task, no shuffle before it; more: the batch
+#: repartitioned by key over that many tasks, and shuffled again for the
+#: deduplication (docs/runtime.md, "Keep first on processing time").  Default:
+#: :func:`default_first_step_tasks`.
 FIRST_STEP_TASKS_CONF = "spark_changelog.keepFirst.firstStepTasks"
 #: a data row's position in the micro-batch partition (pandas side only)
 _POS = "__position"
+
+
+def default_first_step_tasks(spark) -> int:
+    """1 on a local master (a laptop's micro-batches, where a Python task's
+    fixed cost outweighs its work); on a cluster the shuffle partitions, so
+    a large micro-batch is not read and deduplicated in one task."""
+    if spark.sparkContext.master.startswith("local"):
+        return 1
+    return int(spark.conf.get("spark.sql.shuffle.partitions"))
 
 
 def apply_seen_keys(df, operator: KeyedOperator):
@@ -41,8 +51,8 @@ def apply_seen_keys(df, operator: KeyedOperator):
     earlier batches, with the seen keys in its state store (key only, no row
     payload).
 
-    The step runs in one task per micro-batch by default (conf
-    :data:`FIRST_STEP_TASKS_CONF`): the input partitions of the batch are
+    On a local master the step runs in one task per micro-batch (conf
+    :data:`FIRST_STEP_TASKS_CONF`, :func:`default_first_step_tasks`): the input partitions of the batch are
     coalesced (no shuffle), so the batch has one shuffle, the one the
     deduplication needs, and one Python task: a Python task has a fixed cost
     of ~40-50 ms here, more than its work on a 100k-row batch (~0.1 s of
@@ -105,7 +115,7 @@ def apply_seen_keys(df, operator: KeyedOperator):
         parts.append(side.append_column(SIDE_ID_COL, ids).cast(out_schema))
         yield from pa.concat_tables(parts).to_batches()
 
-    tasks = int(df.sparkSession.conf.get(FIRST_STEP_TASKS_CONF, "1"))
+    tasks = int(df.sparkSession.conf.get(FIRST_STEP_TASKS_CONF, "0")) or default_first_step_tasks(df.sparkSession)
     # one task: the batch's partitions are read in one task (coalesce: no
     # shuffle), so the only shuffle is the one the deduplication needs
     grouped = (df.coalesce(1) if tasks == 1 else
