@@ -57,6 +57,34 @@ def ours_job(inp: str, out: str, ck: str, max_files: int, fold: bool) -> None:
     spark.stop()
 
 
+def phases_job(inp: str, work: str, fold: bool) -> None:
+    """The micro-batch's phases, each a streaming query (``availableNow``,
+    own checkpoint) into the ``noop`` sink, in one process: the reader alone,
+    reader + normalize; then Spark's query progress (durations, state
+    operator metrics) of each."""
+    from spark_changelog.api import read_debezium
+    from spark_changelog.runtime.session import build_session
+
+    spark = build_session("bench-streaming-phases")
+    res = {}
+    for name in ("reader", "reader+normalize"):
+        s = read_debezium(spark, inp, SCHEMA_DDL, ["id"], streaming=True)
+        if name != "reader":
+            s = s.with_mini_batch(fold).normalize()
+        t0 = time.perf_counter()
+        q = (s.df.writeStream.format("noop").option("checkpointLocation", os.path.join(work, name))
+             .trigger(availableNow=True).start())
+        q.awaitTermination()
+        p = [x for x in q.recentProgress if x.numInputRows][0]
+        res[name] = {"seconds": time.perf_counter() - t0, "durationMs": dict(p.durationMs),
+                     "state": [{k: v for k, v in json.loads(o.json).items()
+                                if k in ("numRowsUpdated", "allUpdatesTimeMs", "commitTimeMs",
+                                         "numRowsTotal", "customMetrics")}
+                               for o in p.stateOperators]}
+    print(json.dumps(res))
+    spark.stop()
+
+
 def native_job(inp: str, out: str, ck: str, max_files: int) -> None:
     from deltalake import DeltaTable, write_deltalake
     from pyspark.sql import SparkSession, functions as F
@@ -110,10 +138,17 @@ def main(argv=None) -> None:
     ap.add_argument("--cache", default=os.path.join(tempfile.gettempdir(), "spark-changelog-bench"))
     ap.add_argument("--ours-job", nargs=5, help=argparse.SUPPRESS)
     ap.add_argument("--native-job", nargs=4, help=argparse.SUPPRESS)
+    ap.add_argument("--phases", action="store_true",
+                    help="ours only: the reader alone and reader + normalize into noop, "
+                         "with Spark's query progress of each (one process)")
+    ap.add_argument("--phases-job", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.ours_job:
         inp, out, ck, mf, fold = args.ours_job
         return ours_job(inp, out, ck, int(mf) or None, fold == "1")
+    if args.phases_job:
+        inp, work, fold = args.phases_job
+        return phases_job(inp, work, fold == "1")
     if args.native_job:
         inp, out, ck, mf = args.native_job
         return native_job(inp, out, ck, int(mf) or None)
@@ -126,6 +161,12 @@ def main(argv=None) -> None:
     print(f"{args.events:,} Debezium events over {args.ids:,} ids in {args.files} files, "
           f"{'all files in one micro-batch' if not args.max_files_per_trigger else mf + ' file(s) per micro-batch'}; "
           f"load {machine_load()}; logs: {log}", flush=True)
+    if args.phases:
+        secs, out = run_process([sys.executable, __file__, "--phases-job", inp, work,
+                                 "0" if args.no_fold else "1"], log)
+        print(json.dumps(last_json(out), indent=1) + f"\n  whole process {secs:.1f} s (load {machine_load()})")
+        shutil.rmtree(work, ignore_errors=True)
+        return
     res = {}
     for name in ("ours", "native"):
         if name not in only:
