@@ -30,6 +30,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -37,6 +38,49 @@ from whole_job import (ENVELOPE_DDL, SCHEMA_DDL, cached_files, final_table, last
                        machine_load, run_process)  # noqa: E402  (the reader helper's generator)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class TreeCpu:
+    """CPU seconds of this process's descendants (the job process, its JVM,
+    the Python workers) while the block runs: each process's last CPU time
+    read from /proc every 0.2 s, so workers that exit before the JVM count
+    too.  Steadier than wall time on a shared machine."""
+
+    def __enter__(self):
+        self.seen: dict = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+        return self
+
+    def _poll(self):
+        tick = os.sysconf("SC_CLK_TCK")
+        while not self._stop.wait(0.2):
+            parent = {}
+            for d in os.listdir("/proc"):
+                if d.isdigit():
+                    try:
+                        with open(f"/proc/{d}/stat") as fh:
+                            rest = fh.read().rsplit(")", 1)[1].split()
+                    except OSError:
+                        continue
+                    parent[int(d)] = (int(rest[1]), (int(rest[11]) + int(rest[12])) / tick)
+            mine, todo = set(), [os.getpid()]
+            while todo:
+                pid = todo.pop()
+                kids = [p for p, (pp, _) in parent.items() if pp == pid and p not in mine]
+                mine.update(kids)
+                todo += kids
+            for pid in mine:
+                self.seen[pid] = max(self.seen.get(pid, 0.0), parent[pid][1])
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def seconds(self) -> float:
+        return sum(self.seen.values())
 
 
 def ours_job(inp: str, out: str, ck: str, max_files: int, fold: bool) -> None:
@@ -177,19 +221,22 @@ def main(argv=None) -> None:
                    "0" if args.no_fold else "1"]
         else:
             cmd = [sys.executable, __file__, "--native-job", inp, out, ck, mf]
-        secs, out = run_process(cmd, log)
+        with TreeCpu() as tree:
+            secs, out = run_process(cmd, log)
+        cpu = tree.seconds
         info = last_json(out)
-        res[name] = (secs, info)
+        res[name] = (secs, info, cpu)
         b = info["batches"]
         later = max(b[1:]) / b[0] if len(b) > 1 else None
-        print(f"  {name:<7} whole process {secs:6.1f} s | batches {', '.join(f'{x:.1f}' for x in b)} s"
+        print(f"  {name:<7} whole process {secs:6.1f} s, CPU {cpu:6.1f} s | batches {', '.join(f'{x:.1f}' for x in b)} s"
               + (f" | slowest later / first {later:.2f}" if later else "")
               + (f" | changes out {info['changes_out']:,}" if "changes_out" in info else "")
               + f"   (load {machine_load()})", flush=True)
     if len(res) == 2:
         o, n = res["ours"], res["native"]
         print(f"  => native / ours, whole process: {n[0] / o[0]:.2f}x; batches: "
-              f"{sum(n[1]['batches']) / sum(o[1]['batches']):.2f}x (above 1: ours faster)")
+              f"{sum(n[1]['batches']) / sum(o[1]['batches']):.2f}x; CPU: {n[2] / o[2]:.2f}x "
+              "(above 1: ours faster)")
         same = final_table(os.path.join(work, "ours")).equals(final_table(os.path.join(work, "native")))
         print(f"  final tables equal: {same}")
     shutil.rmtree(work, ignore_errors=True)
