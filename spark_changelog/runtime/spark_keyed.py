@@ -420,9 +420,9 @@ def prefold(df, operator: KeyedOperator):
     """``df`` with the rows ``operator.prefold_keep`` drops removed in each
     input partition (a ``mapInArrow`` step before the shuffle: no second
     shuffle, Arrow only), so fewer rows reach the Python step (micro-batch
-    folding; the batch path, the streaming one folds in
-    :func:`pack_key_groups`).  Side rows pass; each step adds one with its
-    counters (``rows_in``, ``folded``: the rows dropped here)."""
+    folding).  The batch path's; the streaming path folds in the same pass
+    that packs (:func:`pack_key_groups`).  Side rows pass; each step adds one
+    with its counters (``rows_in``, ``folded``: the rows dropped here)."""
     df = _with_metrics_column(df)
 
     def keep_last(batches):
