@@ -30,6 +30,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -37,6 +38,49 @@ from whole_job import (ENVELOPE_DDL, SCHEMA_DDL, cached_files, final_table, last
                        machine_load, run_process)  # noqa: E402  (the reader helper's generator)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class TreeCpu:
+    """CPU seconds of this process's descendants (the job process, its JVM,
+    the Python workers) while the block runs: each process's last CPU time
+    read from /proc every 0.2 s, so workers that exit before the JVM count
+    too.  Steadier than wall time on a shared machine."""
+
+    def __enter__(self):
+        self.seen: dict = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+        return self
+
+    def _poll(self):
+        tick = os.sysconf("SC_CLK_TCK")
+        while not self._stop.wait(0.2):
+            parent = {}
+            for d in os.listdir("/proc"):
+                if d.isdigit():
+                    try:
+                        with open(f"/proc/{d}/stat") as fh:
+                            rest = fh.read().rsplit(")", 1)[1].split()
+                    except OSError:
+                        continue
+                    parent[int(d)] = (int(rest[1]), (int(rest[11]) + int(rest[12])) / tick)
+            mine, todo = set(), [os.getpid()]
+            while todo:
+                pid = todo.pop()
+                kids = [p for p, (pp, _) in parent.items() if pp == pid and p not in mine]
+                mine.update(kids)
+                todo += kids
+            for pid in mine:
+                self.seen[pid] = max(self.seen.get(pid, 0.0), parent[pid][1])
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def seconds(self) -> float:
+        return sum(self.seen.values())
 
 
 def ours_job(inp: str, out: str, ck: str, max_files: int, fold: bool) -> None:
@@ -54,6 +98,34 @@ def ours_job(inp: str, out: str, ck: str, max_files: int, fold: bool) -> None:
     batches = [b - a for a, b in zip([t_query] + ends[:-1], ends)]
     print(json.dumps({"batches": batches, "changes_out": rep.changes_out, "rows_in": rep.rows_in,
                       "setup": t_query - t0, "counters": rep.counters}))
+    spark.stop()
+
+
+def phases_job(inp: str, work: str, fold: bool) -> None:
+    """The micro-batch's phases, each a streaming query (``availableNow``,
+    own checkpoint) into the ``noop`` sink, in one process: the reader alone,
+    reader + normalize; then Spark's query progress (durations, state
+    operator metrics) of each."""
+    from spark_changelog.api import read_debezium
+    from spark_changelog.runtime.session import build_session
+
+    spark = build_session("bench-streaming-phases")
+    res = {}
+    for name in ("reader", "reader+normalize"):
+        s = read_debezium(spark, inp, SCHEMA_DDL, ["id"], streaming=True)
+        if name != "reader":
+            s = s.with_mini_batch(fold).normalize()
+        t0 = time.perf_counter()
+        q = (s.df.writeStream.format("noop").option("checkpointLocation", os.path.join(work, name))
+             .trigger(availableNow=True).start())
+        q.awaitTermination()
+        p = [x for x in q.recentProgress if x.numInputRows][0]
+        res[name] = {"seconds": time.perf_counter() - t0, "durationMs": dict(p.durationMs),
+                     "state": [{k: v for k, v in json.loads(o.json).items()
+                                if k in ("numRowsUpdated", "allUpdatesTimeMs", "commitTimeMs",
+                                         "numRowsTotal", "customMetrics")}
+                               for o in p.stateOperators]}
+    print(json.dumps(res))
     spark.stop()
 
 
@@ -110,10 +182,17 @@ def main(argv=None) -> None:
     ap.add_argument("--cache", default=os.path.join(tempfile.gettempdir(), "spark-changelog-bench"))
     ap.add_argument("--ours-job", nargs=5, help=argparse.SUPPRESS)
     ap.add_argument("--native-job", nargs=4, help=argparse.SUPPRESS)
+    ap.add_argument("--phases", action="store_true",
+                    help="ours only: the reader alone and reader + normalize into noop, "
+                         "with Spark's query progress of each (one process)")
+    ap.add_argument("--phases-job", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.ours_job:
         inp, out, ck, mf, fold = args.ours_job
         return ours_job(inp, out, ck, int(mf) or None, fold == "1")
+    if args.phases_job:
+        inp, work, fold = args.phases_job
+        return phases_job(inp, work, fold == "1")
     if args.native_job:
         inp, out, ck, mf = args.native_job
         return native_job(inp, out, ck, int(mf) or None)
@@ -126,6 +205,12 @@ def main(argv=None) -> None:
     print(f"{args.events:,} Debezium events over {args.ids:,} ids in {args.files} files, "
           f"{'all files in one micro-batch' if not args.max_files_per_trigger else mf + ' file(s) per micro-batch'}; "
           f"load {machine_load()}; logs: {log}", flush=True)
+    if args.phases:
+        secs, out = run_process([sys.executable, __file__, "--phases-job", inp, work,
+                                 "0" if args.no_fold else "1"], log)
+        print(json.dumps(last_json(out), indent=1) + f"\n  whole process {secs:.1f} s (load {machine_load()})")
+        shutil.rmtree(work, ignore_errors=True)
+        return
     res = {}
     for name in ("ours", "native"):
         if name not in only:
@@ -136,19 +221,22 @@ def main(argv=None) -> None:
                    "0" if args.no_fold else "1"]
         else:
             cmd = [sys.executable, __file__, "--native-job", inp, out, ck, mf]
-        secs, out = run_process(cmd, log)
+        with TreeCpu() as tree:
+            secs, out = run_process(cmd, log)
+        cpu = tree.seconds
         info = last_json(out)
-        res[name] = (secs, info)
+        res[name] = (secs, info, cpu)
         b = info["batches"]
         later = max(b[1:]) / b[0] if len(b) > 1 else None
-        print(f"  {name:<7} whole process {secs:6.1f} s | batches {', '.join(f'{x:.1f}' for x in b)} s"
+        print(f"  {name:<7} whole process {secs:6.1f} s, CPU {cpu:6.1f} s | batches {', '.join(f'{x:.1f}' for x in b)} s"
               + (f" | slowest later / first {later:.2f}" if later else "")
               + (f" | changes out {info['changes_out']:,}" if "changes_out" in info else "")
               + f"   (load {machine_load()})", flush=True)
     if len(res) == 2:
         o, n = res["ours"], res["native"]
         print(f"  => native / ours, whole process: {n[0] / o[0]:.2f}x; batches: "
-              f"{sum(n[1]['batches']) / sum(o[1]['batches']):.2f}x (above 1: ours faster)")
+              f"{sum(n[1]['batches']) / sum(o[1]['batches']):.2f}x; CPU: {n[2] / o[2]:.2f}x "
+              "(above 1: ours faster)")
         same = final_table(os.path.join(work, "ours")).equals(final_table(os.path.join(work, "native")))
         print(f"  final tables equal: {same}")
     shutil.rmtree(work, ignore_errors=True)

@@ -40,6 +40,7 @@ from ..model.partition_watermarks import (FILE_PARTITIONS, EventTimeSpec,
 from ..model.watermark import NO_WATERMARK
 from ..model.windows import WindowAssigner, assign_windows
 from ..operators.base import KeyedOperator
+from .arrow_packing import PACKED_COL, conform, pack, packed_batch, packed_schema, unpack
 from .event_time import batch_progress, run_event_time_batch
 from .partitioning import spread_group_ids
 from .state_runs import RunStack, run_schema
@@ -56,8 +57,6 @@ NOW_COL = "_wm_now"
 _HELPERS = (PART_COL, PROGRESS_COL, NOW_COL)
 #: key groups of an event-time operator unless the query says otherwise
 EVENT_TIME_KEY_GROUPS = 2
-#: the column of the packed rows (one Arrow IPC blob per key group and Spark partition)
-PACKED_COL = "rows"
 
 
 def _struct(**fields) -> StructType:
@@ -89,17 +88,6 @@ def _key_groups_of(table: pa.Table, key, key_groups: int) -> np.ndarray:
     return (h % np.uint64(key_groups)).astype(np.int32)
 
 
-def _pack(table: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema,
-                           options=pa.ipc.IpcWriteOptions(compression="lz4")) as w:
-        w.write_table(table)
-    return sink.getvalue().to_pybytes()
-
-
-def unpack(blobs) -> pa.Table:
-    """The rows :func:`_project_and_pack` packed, as one Arrow table."""
-    return pa.concat_tables([pa.ipc.open_stream(pa.BufferReader(b)).read_all() for b in blobs])
 
 
 def _project_and_pack(spec: EventTimeSpec, column: str, assigner: Optional[WindowAssigner],
@@ -126,13 +114,12 @@ def _project_and_pack(spec: EventTimeSpec, column: str, assigner: Optional[Windo
                 pieces.append(batch_progress(data, spec, parts))
                 projected = (assign_windows(data, column, assigner) if assigner is not None
                              else data)
-                data_parts.append(_conform(projected, row_schema))
+                data_parts.append(conform(projected, row_schema))
             if side.any():
-                side_parts.append(_conform(t.filter(pa.array(side)), row_schema))
-        groups, blobs = [], []
+                side_parts.append(conform(t.filter(pa.array(side)), row_schema))
+        packed = []
         if side_parts:
-            groups.append(METRICS_GROUP)
-            blobs.append(_pack(pa.concat_tables(side_parts)))
+            packed.append((METRICS_GROUP, pack(pa.concat_tables(side_parts))))
         if pieces:
             prog = pd.concat(pieces, ignore_index=True)
             prog = prog.groupby("partition", sort=True)["progress"].max().reset_index()
@@ -160,19 +147,11 @@ def _project_and_pack(spec: EventTimeSpec, column: str, assigner: Optional[Windo
                 rows = data.take(pa.array(order[bounds[g]:bounds[g + 1]]))
                 # every key group gets the summary, also one without rows: it
                 # may have windows to fire
-                groups.append(group_id)
-                blobs.append(_pack(pa.concat_tables([rows, summary])))
-        if groups:
-            yield pa.record_batch([pa.array(groups, pa.int32()), pa.array(blobs, pa.binary())],
-                                  names=[KEY_GROUP_COL, PACKED_COL])
+                packed.append((group_id, pack(pa.concat_tables([rows, summary]))))
+        if packed:
+            yield packed_batch(packed, KEY_GROUP_COL)
 
     return fn
-
-
-def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
-    cols = [table.column(f.name).cast(f.type) if f.name in table.column_names
-            else pa.nulls(table.num_rows, f.type) for f in schema]
-    return pa.Table.from_arrays(cols, schema=schema)
 
 
 class EventTimeKeyGroupProcessor(KeyGroupProcessor):
@@ -200,10 +179,7 @@ class EventTimeKeyGroupProcessor(KeyGroupProcessor):
 
     def handleInputRows(self, key, rows, timerValues) -> Iterator[pd.DataFrame]:
         op = self.operator
-        # the packed column is the last (Spark renames columns starting with "_")
-        blobs = [b for frame in rows for b in frame.iloc[:, -1]]
-        pdf = _arrow_input(unpack(blobs), self.columns, self.time_zone)
-        pdf, passed = split_upstream_metrics(pdf, op)
+        pdf, passed = split_upstream_metrics(self._unpacked(rows), op)
         if passed is not None:
             yield passed
         if pdf.empty:
@@ -261,9 +237,9 @@ def project_windows(df, column: str, assigner: WindowAssigner):
             side = t.column(KIND_COL).to_numpy(zero_copy_only=False) == METRICS_KIND
             data = t.filter(pa.array(~side)) if side.any() else t
             if data.num_rows:
-                yield from _conform(assign_windows(data, column, assigner), out_schema).to_batches()
+                yield from conform(assign_windows(data, column, assigner), out_schema).to_batches()
             if side.any():
-                yield from _conform(t.filter(pa.array(side)), out_schema).to_batches()
+                yield from conform(t.filter(pa.array(side)), out_schema).to_batches()
 
     return df.mapInArrow(fn, spark_schema(out_schema))
 
@@ -301,11 +277,9 @@ def apply_event_time(df, operator: KeyedOperator, spec: EventTimeSpec, *,
     row_schema = pa.schema(fields)
     # the packed rows' columns (the processor drops the helpers)
     columns = [f.name for f in row_schema]
-    packed_schema = pa.schema([pa.field(KEY_GROUP_COL, pa.int32()),
-                               pa.field(PACKED_COL, pa.binary())])
     packed = src.mapInArrow(_project_and_pack(spec, spec.column, assigner, operator.key,
                                               key_groups, row_schema),
-                            spark_schema(packed_schema))
+                            spark_schema(packed_schema(KEY_GROUP_COL)))
     out_schema = spark_schema(output_schema_with_metrics(operator))
     time_zone = df.sparkSession.conf.get("spark.sql.session.timeZone")
     grouped = packed.groupBy(KEY_GROUP_COL)

@@ -5,8 +5,22 @@ parallelism), so Spark's Python stateful API is called once per key group per
 micro-batch instead of once per key (~1 ms each, architecture notes), and both
 call the same :func:`~spark_changelog.runtime.keygroup.process_key_group`.
 
-Streaming: ``transformWithStateInPandas`` on the RocksDB state store.  Per key
-group two state variables hold a :class:`~spark_changelog.runtime.state_runs.RunStack`:
+Streaming: ``transformWithStateInPandas`` on the RocksDB state store, fed
+*packed* rows (docs/runtime.md, "Packed key groups"): one ``mapInArrow`` pass
+before the shuffle (:func:`pack_key_groups`) pre-folds each input partition
+when the operator folds, and packs each key group's rows of the partition
+into ONE row (key group, LZ4 Arrow IPC blob,
+:mod:`~spark_changelog.runtime.arrow_packing`), so Spark shuffles, sorts and
+converts a few rows per key group instead of every input row; the processor
+unpacks them.  The key group is still Spark's ``pmod(hash(key), G)``
+(computed as a column before the pass): state written before packing stays
+where it was.  The packed input carries no event-time column, so Spark's
+``EventTime`` mode never filters rows as late (we never drop a row silently,
+docs/semantics.md section 6); the query's watermark still comes from the
+``withWatermark`` node upstream.
+
+Per key group two state variables hold a
+:class:`~spark_changelog.runtime.state_runs.RunStack`:
 
 * ``meta`` (value state): the ids of the group's runs, oldest first, and the
   group's emission counter (``OpContext.next_seq``);
@@ -38,6 +52,7 @@ from pyspark.sql.streaming import StatefulProcessor
 from ..model import KIND_COL, METRICS_COL, METRICS_KIND, SEQ_COL, RowKind
 from ..model.watermark import END_OF_INPUT_MS
 from ..operators.base import KeyedOperator, Metrics, OpContext
+from .arrow_packing import pack_groups, packed_batch, packed_schema, unpack
 from .keygroup import fire_watermark, next_timer_ms, pending_rows, process_key_group
 from .state_runs import WORKER_CACHE, Run, RunStack, concat_rows, run_schema
 
@@ -162,17 +177,6 @@ def split_upstream_metrics(pdf: pd.DataFrame, operator: KeyedOperator
     return data, passed
 
 
-def _input_frame(rows, columns, time_zone: Optional[str] = None) -> pd.DataFrame:
-    frames = [f for f in rows if len(f)]
-    if not frames:
-        return pd.DataFrame()
-    pdf = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
-    # Spark hands columns whose names start with "_" over as "_<position>":
-    # restore the names from the input schema.
-    pdf.columns = list(columns)
-    return utc_timestamps(pdf.drop(columns=[KEY_GROUP_COL], errors="ignore"), time_zone)
-
-
 def utc_timestamps(pdf: pd.DataFrame, time_zone: Optional[str]) -> pd.DataFrame:
     """Spark gives TIMESTAMP columns to pandas as naive wall-clock times of the
     session time zone; operators get them as tz-aware UTC instants (the type
@@ -277,10 +281,16 @@ class KeyGroupProcessor(StatefulProcessor):
         self.timer.update((int(at),))
 
     # -- Spark callbacks ---------------------------------------------------------
+    def _unpacked(self, rows) -> pd.DataFrame:
+        """The key group's rows of the batch (:func:`pack_key_groups`), as
+        the operator's pandas frame."""
+        # the packed column is the last (Spark renames columns starting with "_")
+        blobs = [b for frame in rows for b in frame.iloc[:, -1]]
+        return _arrow_input(unpack(blobs), self.columns, self.time_zone)
+
     def handleInputRows(self, key, rows, timerValues) -> Iterator[pd.DataFrame]:
         op = self.operator
-        pdf = _input_frame(rows, self.columns, self.time_zone)
-        pdf, passed = split_upstream_metrics(pdf, op)
+        pdf, passed = split_upstream_metrics(self._unpacked(rows), op)
         if passed is not None:
             yield passed
         if pdf.empty:
@@ -331,20 +341,18 @@ def apply_keyed(df, operator: KeyedOperator, *, key_groups: int = DEFAULT_KEY_GR
     if df.isStreaming and operator.state_is_seen_keys:
         from .spark_seen_keys import apply_seen_keys
         return apply_seen_keys(df, operator)
-    if df.isStreaming and operator.uses_watermark:
-        df = without_late_row_filter(df)
-    if operator.prefolds:
-        df = prefold(df, operator)
-    keyed = add_key_group(df, operator.key, key_groups)
-    grouped = keyed.groupBy(KEY_GROUP_COL)
-    out_schema = spark_schema(output_schema_with_metrics(operator))
     time_zone = df.sparkSession.conf.get("spark.sql.session.timeZone")
+    out_schema = spark_schema(output_schema_with_metrics(operator))
     if df.isStreaming:
-        processor = KeyGroupProcessor(operator, keyed.columns, growth, max_runs, time_zone)
-        return grouped.transformWithStateInPandas(
+        packed, columns = pack_key_groups(df, operator, key_groups)
+        processor = KeyGroupProcessor(operator, columns, growth, max_runs, time_zone)
+        return packed.groupBy(KEY_GROUP_COL).transformWithStateInPandas(
             statefulProcessor=processor, outputStructType=out_schema,
             outputMode="Append", timeMode="EventTime" if operator.uses_watermark else "None")
 
+    if operator.prefolds:
+        df = prefold(df, operator)
+    keyed = add_key_group(df, operator.key, key_groups)
     now = int(time.time() * 1000) if processing_time_ms is None else processing_time_ms
     # Spark sorts each partition by (key group, key, _seq) before the Python
     # step (its grouping needs the key-group order anyway, and this sort
@@ -375,60 +383,81 @@ def apply_keyed(df, operator: KeyedOperator, *, key_groups: int = DEFAULT_KEY_GR
     return grouped.applyInArrow(run_group, schema=out_schema)
 
 
+def _with_metrics_column(df):
+    from pyspark.sql import functions as F
+    if METRICS_COL in df.columns:
+        return df
+    return df.withColumn(METRICS_COL, F.lit(None).cast("string"))
+
+
+def _nullable(df):
+    from pyspark.sql.types import StructField, StructType
+    return StructType([StructField(f.name, f.dataType, True, f.metadata) for f in df.schema])
+
+
+def _fold_partition(table: pa.Table, operator: KeyedOperator, extra=None) -> pa.Table:
+    """``table`` (one input partition's rows) without the rows
+    ``operator.prefold_keep`` drops, plus one side row with the counters
+    (``rows_in``, ``folded``: the rows dropped here); every column nullable.
+    ``extra``: values of the side row's other columns (by name)."""
+    import pyarrow.compute as pc
+    columns = list(operator.key) + [KIND_COL, SEQ_COL]
+    is_side = pc.equal(table.column(KIND_COL), METRICS_KIND).to_numpy(zero_copy_only=False)
+    data_pos = np.flatnonzero(~is_side)
+    small = table.select(columns).take(data_pos)
+    keep = data_pos[operator.prefold_keep(small.to_pandas())]
+    kept = table.take(np.sort(np.concatenate([np.flatnonzero(is_side), keep])))
+    dropped = int(len(data_pos) - len(keep))
+    n_ub = int(pc.sum(pc.equal(small.column(KIND_COL), int(RowKind.UPDATE_BEFORE))).as_py() or 0)
+    payload = json.dumps({"operator": operator.name, "instance": operator_instance(operator),
+                          "counters": {"rows_in": dropped, "folded": dropped - n_ub}})
+    schema = pa.schema([f.with_nullable(True) for f in table.schema])
+    values = {KIND_COL: METRICS_KIND, SEQ_COL: 0, METRICS_COL: payload, **(extra or {})}
+    row = pa.table([pa.array([values.get(f.name)], f.type) for f in schema], schema=schema)
+    return pa.concat_tables([kept.cast(schema), row])
+
+
 def prefold(df, operator: KeyedOperator):
     """``df`` with the rows ``operator.prefold_keep`` drops removed in each
     input partition (a ``mapInArrow`` step before the shuffle: no second
-    shuffle, Arrow only), so fewer rows reach the stateful step (micro-batch
-    folding).  Side rows pass; each step adds one with its counters
-    (``rows_in``, ``folded``: the rows dropped here)."""
-    import pyarrow.compute as pc
-    from pyspark.sql import functions as F
-    if METRICS_COL not in df.columns:
-        df = df.withColumn(METRICS_COL, F.lit(None).cast("string"))
-    names = df.columns
-    columns = list(operator.key) + [KIND_COL, SEQ_COL]
-    positions = [names.index(c) for c in columns]
+    shuffle, Arrow only), so fewer rows reach the Python step (micro-batch
+    folding).  The batch path's; the streaming path folds in the same pass
+    that packs (:func:`pack_key_groups`).  Side rows pass; each step adds one
+    with its counters (``rows_in``, ``folded``: the rows dropped here)."""
+    df = _with_metrics_column(df)
 
     def keep_last(batches):
+        batches = [b for b in batches if b.num_rows]
+        if batches:
+            yield from _fold_partition(pa.Table.from_batches(batches), operator).to_batches()
+
+    return df.mapInArrow(keep_last, _nullable(df))
+
+
+def pack_key_groups(df, operator: KeyedOperator, key_groups: int):
+    """The streaming input of the keyed step: ``df`` packed per key group
+    (:mod:`~spark_changelog.runtime.arrow_packing`) in one ``mapInArrow``
+    pass, which first pre-folds each input partition when the operator
+    pre-folds (:func:`prefold`'s rule and counters).  The key group is
+    Spark's ``pmod(hash(key), G)`` (:func:`add_key_group`), computed as a
+    column before the pass, so a key's state stays where it always was; side
+    rows go to :data:`METRICS_GROUP`.  Returns (packed DataFrame: ``_kg``,
+    ``rows``; the names of the packed rows' columns)."""
+    if operator.prefolds:
+        df = _with_metrics_column(df)
+    keyed = add_key_group(df, operator.key, key_groups)
+    columns = [c for c in keyed.columns if c != KEY_GROUP_COL]
+    fold = operator.prefolds
+
+    def fn(batches):
         batches = [b for b in batches if b.num_rows]
         if not batches:
             return
         table = pa.Table.from_batches(batches)
-        kinds = table.column(names.index(KIND_COL))
-        is_side = pc.equal(kinds, METRICS_KIND).to_numpy(zero_copy_only=False)
-        data_pos = np.flatnonzero(~is_side)
-        small = pa.table([table.column(i) for i in positions], names=columns).take(data_pos)
-        keep = data_pos[operator.prefold_keep(small.to_pandas())]
-        kept = table.take(np.sort(np.concatenate([np.flatnonzero(is_side), keep])))
-        dropped = int(len(data_pos) - len(keep))
-        n_ub = int(pc.sum(pc.equal(small.column(KIND_COL), int(RowKind.UPDATE_BEFORE))).as_py() or 0)
-        payload = json.dumps({"operator": operator.name, "instance": operator_instance(operator),
-                              "counters": {"rows_in": dropped, "folded": dropped - n_ub}})
-        schema = pa.schema([f.with_nullable(True) for f in table.schema])
-        values = {KIND_COL: METRICS_KIND, SEQ_COL: 0, METRICS_COL: payload}
-        row = pa.table([pa.array([values.get(f.name)], f.type) for f in schema], schema=schema)
-        yield from pa.concat_tables([kept.cast(schema), row]).to_batches()
+        if fold:
+            table = _fold_partition(table, operator, {KEY_GROUP_COL: METRICS_GROUP})
+        groups = table.column(KEY_GROUP_COL).to_numpy(zero_copy_only=False)
+        rows = table.drop_columns([KEY_GROUP_COL])
+        yield packed_batch(list(pack_groups(rows, groups)), KEY_GROUP_COL)
 
-    from pyspark.sql.types import StructField, StructType
-    nullable = StructType([StructField(f.name, f.dataType, True, f.metadata) for f in df.schema])
-    return df.mapInArrow(keep_last, nullable)
-
-
-WATERMARK_METADATA = "spark.watermarkDelayMs"
-
-
-def without_late_row_filter(df):
-    """``df`` with the watermark marker removed from its event-time columns.
-
-    In ``EventTime`` mode ``transformWithState`` silently drops input rows
-    whose event time is behind the (previous batch's) watermark when its input
-    column carries the marker ``withWatermark`` puts on it.  We never drop a
-    row silently (docs/semantics.md, section 6): the operator decides what a late row means
-    (``ON CONFLICT``: it is due at once).  Spark's query watermark is kept: it
-    comes from the ``EventTimeWatermark`` node upstream, not from the column."""
-    from pyspark.sql import functions as F
-    marked = [f.name for f in df.schema.fields if WATERMARK_METADATA in (f.metadata or {})]
-    if not marked:
-        return df
-    return df.select(*[F.col(f"`{c}`").alias(c, metadata={"spark_changelog.event_time": True})
-                       if c in marked else F.col(f"`{c}`") for c in df.columns])
+    return keyed.mapInArrow(fn, spark_schema(packed_schema(KEY_GROUP_COL))), columns

@@ -1,0 +1,71 @@
+"""Rows packed per key group: how rows cross to Spark's Python stateful step.
+
+``transformWithStateInPandas`` costs per input row: Spark shuffles and sorts
+every row, writes it to Arrow in the JVM and converts it to pandas in ~10k-row
+chunks before the processor sees it (docs/runtime.md, "Packed key groups").
+An Arrow pass before the shuffle (``mapInArrow``) therefore packs, per Spark
+partition, all rows of one key group into ONE row: the key group and an LZ4
+compressed Arrow IPC stream of its rows.  Spark then shuffles, sorts and hands
+over a few rows per key group and micro-batch; the processor unpacks them
+(:func:`unpack`) into one Arrow table.  Used by the keyed operators
+(``spark_keyed``) and the event-time operators (``spark_event_time``).
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+
+#: the column of the packed rows (one Arrow IPC blob per key group and Spark partition)
+PACKED_COL = "rows"
+
+
+def packed_schema(group_col: str) -> pa.Schema:
+    """The rows a packing pass emits: the key group, the blob."""
+    return pa.schema([pa.field(group_col, pa.int32()), pa.field(PACKED_COL, pa.binary())])
+
+
+def pack(table: pa.Table) -> bytes:
+    """``table`` as one LZ4-compressed Arrow IPC stream."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema,
+                           options=pa.ipc.IpcWriteOptions(compression="lz4")) as w:
+        w.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def unpack(blobs) -> pa.Table:
+    """The rows of the blobs :func:`pack` made, as one Arrow table (in the
+    order of ``blobs``)."""
+    return pa.concat_tables([pa.ipc.open_stream(pa.BufferReader(b)).read_all() for b in blobs])
+
+
+def pack_groups(table: pa.Table, groups: np.ndarray) -> Iterator[tuple[int, bytes]]:
+    """(group, blob) for each distinct value of ``groups`` (one per row of
+    ``table``), in ascending group order; each blob holds the group's rows
+    in their order in ``table``."""
+    if not table.num_rows:
+        return
+    order = np.argsort(groups, kind="stable")
+    ordered = groups[order]
+    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
+    ends = np.r_[starts[1:], len(ordered)]
+    for s, e in zip(starts, ends):
+        yield int(ordered[s]), pack(table.take(pa.array(order[s:e])))
+
+
+def packed_batch(pairs, group_col: str) -> pa.RecordBatch:
+    """(group, blob) pairs as one record batch of :func:`packed_schema`."""
+    groups = [g for g, _ in pairs]
+    blobs = [b for _, b in pairs]
+    return pa.record_batch([pa.array(groups, pa.int32()), pa.array(blobs, pa.binary())],
+                           schema=packed_schema(group_col))
+
+
+def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table`` with exactly ``schema``'s columns and types (a missing column
+    all null)."""
+    cols = [table.column(f.name).cast(f.type) if f.name in table.column_names
+            else pa.nulls(table.num_rows, f.type) for f in schema]
+    return pa.Table.from_arrays(cols, schema=schema)
