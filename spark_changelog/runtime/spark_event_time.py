@@ -32,7 +32,7 @@ from typing import Iterator, Optional
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
+from pyspark.sql.types import StringType, StructField, StructType
 
 from ..model import KIND_COL
 from ..model.partition_watermarks import (FILE_PARTITIONS, EventTimeSpec,
@@ -44,8 +44,8 @@ from .arrow_packing import PACKED_COL, conform, pack, packed_batch, packed_schem
 from .event_time import batch_progress, run_event_time_batch
 from .partitioning import spread_group_ids
 from .state_runs import RunStack, run_schema
-from .spark_keyed import (KEY_GROUP_COL, METRICS_GROUP, METRICS_KIND,
-                          KeyGroupProcessor, _arrow_input, _arrow_output,
+from .spark_keyed import (BLOB_SCHEMA, KEY_GROUP_COL, META_SCHEMA, METRICS_GROUP, METRICS_KIND,
+                          RUN_ID_SCHEMA, KeyGroupProcessor, _arrow_input, _arrow_output,
                           _with_metrics, arrow_schema_of, output_schema_with_metrics,
                           spark_schema, split_upstream_metrics)
 
@@ -59,19 +59,8 @@ _HELPERS = (PART_COL, PROGRESS_COL, NOW_COL)
 EVENT_TIME_KEY_GROUPS = 2
 
 
-def _struct(**fields) -> StructType:
-    return StructType([StructField(name, t) for name, t in fields.items()])
-
-
-#: The state variables' schemas as types: given a DDL string, PySpark asks the
-#: JVM to parse it, once when the variable is declared and once more for its
-#: client (twice for a map state's key and value), one round trip each in
-#: every task (docs/runtime.md, "The fixed cost of a micro-batch").  The same
-#: fields as ``KeyGroupProcessor.init``'s strings, so the same state layout.
-_META = _struct(run_ids=StringType(), next_seq=LongType())
-_RUN_ID = _struct(run_id=StringType())
-_BLOB = _struct(blob=BinaryType())
-_WATERMARKS = _struct(json=StringType())
+#: the watermarks' value state, declared with a type (``spark_keyed.META_SCHEMA``)
+_WATERMARKS = StructType([StructField("json", StringType())])
 
 
 def _key_groups_of(table: pa.Table, key, key_groups: int) -> np.ndarray:
@@ -166,10 +155,10 @@ class EventTimeKeyGroupProcessor(KeyGroupProcessor):
         self.report_group = report_group
 
     def init(self, handle) -> None:
-        # KeyGroupProcessor.init's variables, declared with types (_META)
+        # KeyGroupProcessor.init's variables
         self.handle = handle
-        self.meta = handle.getValueState("meta", _META)
-        self.runs = handle.getMapState("runs", _RUN_ID, _BLOB)
+        self.meta = handle.getValueState("meta", META_SCHEMA)
+        self.runs = handle.getMapState("runs", RUN_ID_SCHEMA, BLOB_SCHEMA)
         # no "timer" variable: this processor fires windows from its own
         # watermarks, without Spark's timers (checkpoints that declared one
         # restart without it; each declaration costs the JVM 10-130 ms per task)

@@ -48,6 +48,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 from pyspark.sql.streaming import StatefulProcessor
+from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 
 from ..model import KIND_COL, METRICS_COL, METRICS_KIND, SEQ_COL, RowKind
 from ..model.watermark import END_OF_INPUT_MS
@@ -57,6 +58,16 @@ from .keygroup import fire_watermark, next_timer_ms, pending_rows, process_key_g
 from .state_runs import WORKER_CACHE, Run, RunStack, concat_rows, run_schema
 
 KEY_GROUP_COL = "_kg"
+
+#: The state variables' schemas as types: given a DDL string, PySpark asks the
+#: JVM to parse it, once when the variable is declared and once more for its
+#: client (twice for a map state's key and value), one round trip each in
+#: every task (docs/runtime.md, "The fixed cost of a micro-batch").  The same
+#: fields as the DDL strings used before, so the same state layout.
+META_SCHEMA = StructType([StructField("run_ids", StringType()), StructField("next_seq", LongType())])
+RUN_ID_SCHEMA = StructType([StructField("run_id", StringType())])
+BLOB_SCHEMA = StructType([StructField("blob", BinaryType())])
+TIMER_SCHEMA = StructType([StructField("at", LongType())])
 DEFAULT_KEY_GROUPS = 32
 
 
@@ -214,16 +225,16 @@ class KeyGroupProcessor(StatefulProcessor):
 
     def init(self, handle) -> None:
         self.handle = handle
-        self.meta = handle.getValueState("meta", "run_ids STRING, next_seq LONG")
-        self.runs = handle.getMapState("runs", "run_id STRING", "blob BINARY")
-        self.timer = (handle.getValueState("timer", "at LONG")
+        self.meta = handle.getValueState("meta", META_SCHEMA)
+        self.runs = handle.getMapState("runs", RUN_ID_SCHEMA, BLOB_SCHEMA)
+        self.timer = (handle.getValueState("timer", TIMER_SCHEMA)
                       if self.operator.uses_watermark else None)
         self.schema = run_schema(self.operator.state_schema)
 
     # -- state: load and save the key group's run stack -------------------------
     def _load(self, key) -> tuple[RunStack, list, int, int]:
         op = self.operator
-        meta = self.meta.get() if self.meta.exists() else None
+        meta = self.meta.get()   # None when absent (no exists() round trip)
         run_ids = json.loads(meta[0]) if meta else []
         next_seq = int(meta[1]) if meta else 0
         loaded = []
@@ -269,7 +280,8 @@ class KeyGroupProcessor(StatefulProcessor):
         """Keep one timer, at ``at``: the group's exact next pending time
         (``None``: nothing waits).  A timer already due is replaced, so it does
         not fire after the call that folded what it waited for."""
-        current = int(self.timer.get()[0]) if self.timer.exists() else None
+        stored = self.timer.get()
+        current = int(stored[0]) if stored else None
         if current == at:
             return
         if current is not None:
