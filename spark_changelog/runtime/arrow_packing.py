@@ -17,6 +17,8 @@ from typing import Iterator
 import numpy as np
 import pyarrow as pa
 
+from ..operators.kernels import run_starts
+
 #: the column of the packed rows (one Arrow IPC blob per key group and Spark partition)
 PACKED_COL = "rows"
 
@@ -49,7 +51,7 @@ def pack_groups(table: pa.Table, groups: np.ndarray) -> Iterator[tuple[int, byte
         return
     order = np.argsort(groups, kind="stable")
     ordered = groups[order]
-    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
+    starts = np.flatnonzero(run_starts(ordered))
     ends = np.r_[starts[1:], len(ordered)]
     for s, e in zip(starts, ends):
         yield int(ordered[s]), pack(table.take(pa.array(order[s:e])))
