@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 import tempfile
 from typing import Mapping, Optional
@@ -27,7 +28,7 @@ DEFAULT_CONFIGS = {
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
-    # one task per core on a laptop-sized machine; the key-group count is ours
+    # a cluster's defaults; a local master gets one per core (build_session)
     "spark.sql.shuffle.partitions": "4",
     "spark.default.parallelism": "4",
     "spark.sql.adaptive.enabled": "false",
@@ -62,6 +63,17 @@ LOCAL_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:-DontCompileHugeMethods"
 LOCAL_CONFIGS = {"spark.driver.extraJavaOptions": LOCAL_JAVA_OPTIONS,
                  "spark.python.daemon.module": "spark_changelog.runtime.worker_daemon",
                  "spark.sql.streaming.checkpointFileManagerClass": FILE_SYSTEM_CHECKPOINTS}
+
+
+def local_cores(master: str) -> Optional[int]:
+    """The worker threads of a ``local``, ``local[N]``, ``local[*]`` or
+    ``local[N,F]`` master; None for anything else (``local-cluster[...]``)."""
+    m = re.fullmatch(r"local(?:\[(\*|\d+)(?:,\d+)?\])?", master.strip())
+    if not m:
+        return None
+    if not m.group(1):
+        return 1
+    return (os.cpu_count() or 1) if m.group(1) == "*" else int(m.group(1))
 
 
 def spark_log_path() -> str:
@@ -120,6 +132,13 @@ def build_session(app_name: str = "spark-changelog", master: Optional[str] = Non
     merged = dict(DEFAULT_CONFIGS)
     if master and master.startswith("local"):
         merged.update(LOCAL_CONFIGS)
+        # one task per core: fewer tasks per stage, each with its fixed cost
+        # (a stateful task's state-store load and commit, a Python worker's
+        # round trips); the demo's job 14.6-16.8 s with 4 on 2 cores, 12.2-13.7 s
+        # with 2 (docs/runtime.md, "Fixed costs of every process")
+        cores = local_cores(master)
+        if cores:
+            merged["spark.sql.shuffle.partitions"] = merged["spark.default.parallelism"] = str(cores)
     merged["spark.pyspark.python"] = sys.executable
     merged["spark.pyspark.driver.python"] = sys.executable
     merged.update(configs or {})

@@ -148,8 +148,9 @@ class EventTimeKeyGroupProcessor(KeyGroupProcessor):
     state ``watermarks``, JSON), checkpointed by Spark with the rest."""
 
     def __init__(self, operator: KeyedOperator, spec: EventTimeSpec, columns, growth: float,
-                 max_runs: int, time_zone: Optional[str] = None, report_group: int = 0):
-        super().__init__(operator, columns, growth, max_runs, time_zone)
+                 max_runs: int, time_zone: Optional[str] = None, report_group: int = 0,
+                 key_groups: Optional[int] = None):
+        super().__init__(operator, columns, growth, max_runs, time_zone, key_groups)
         self.spec = spec
         #: the key group (``_kg`` value) that reports the watermarks
         self.report_group = report_group
@@ -274,7 +275,7 @@ def apply_event_time(df, operator: KeyedOperator, spec: EventTimeSpec, *,
     grouped = packed.groupBy(KEY_GROUP_COL)
     if df.isStreaming:
         processor = EventTimeKeyGroupProcessor(operator, spec, columns, growth, max_runs,
-                                               time_zone, spread_group_ids(key_groups)[0])
+                                               time_zone, spread_group_ids(key_groups)[0], key_groups)
         return grouped.transformWithStateInPandas(
             statefulProcessor=processor, outputStructType=out_schema, outputMode="Append",
             timeMode="None")

@@ -216,8 +216,11 @@ class KeyGroupProcessor(StatefulProcessor):
     """
 
     def __init__(self, operator: KeyedOperator, columns, growth: float, max_runs: int,
-                 time_zone: Optional[str] = None):
+                 time_zone: Optional[str] = None, key_groups: Optional[int] = None):
         self.operator = operator
+        #: the query's key-group count, kept in ``meta``: a key's state is found
+        #: by its key group, so a checkpoint cannot be read with another count
+        self.key_groups = key_groups
         self.columns = list(columns)
         self.time_zone = time_zone
         self.growth = growth
@@ -235,7 +238,7 @@ class KeyGroupProcessor(StatefulProcessor):
     def _load(self, key) -> tuple[RunStack, list, int, int]:
         op = self.operator
         meta = self.meta.get()   # None when absent (no exists() round trip)
-        run_ids = json.loads(meta[0]) if meta else []
+        run_ids = self._run_ids(json.loads(meta[0])) if meta else []
         next_seq = int(meta[1]) if meta else 0
         loaded = []
         misses = 0
@@ -252,6 +255,20 @@ class KeyGroupProcessor(StatefulProcessor):
         stack = RunStack(op.key, loaded, growth=self.growth, max_runs=self.max_runs)
         return stack, run_ids, next_seq, misses
 
+    def _run_ids(self, stored) -> list:
+        """The run ids of ``meta``: ``{"runs": [...], "key_groups": G}``, or
+        a bare list (written before the count was kept: not checked)."""
+        if isinstance(stored, list):
+            return stored
+        written_with = stored.get("key_groups")
+        if self.key_groups is not None and written_with is not None and written_with != self.key_groups:
+            raise RuntimeError(
+                f"{self.operator.name}: the checkpoint's state was written with {written_with} key groups "
+                f"and the query now runs with {self.key_groups}; a key's state is found by its key group, "
+                f"so it cannot be read with another count: run with key groups = {written_with} "
+                "(--key-groups, key_groups=), or start from a new checkpoint")
+        return stored["runs"]
+
     def _save(self, stack: RunStack, run_ids: list, next_seq: int) -> int:
         before = set(run_ids)
         after = [r.id for r in stack.runs]
@@ -264,7 +281,7 @@ class KeyGroupProcessor(StatefulProcessor):
         for rid in before.difference(after):
             self.runs.removeKey((rid,))
             WORKER_CACHE.discard(rid)
-        self.meta.update((json.dumps(after), int(next_seq)))
+        self.meta.update((json.dumps({"runs": after, "key_groups": self.key_groups}), int(next_seq)))
         return written
 
     def _context(self, timerValues, next_seq: int) -> OpContext:
@@ -357,7 +374,7 @@ def apply_keyed(df, operator: KeyedOperator, *, key_groups: int = DEFAULT_KEY_GR
     out_schema = spark_schema(output_schema_with_metrics(operator))
     if df.isStreaming:
         packed, columns = pack_key_groups(df, operator, key_groups)
-        processor = KeyGroupProcessor(operator, columns, growth, max_runs, time_zone)
+        processor = KeyGroupProcessor(operator, columns, growth, max_runs, time_zone, key_groups)
         return packed.groupBy(KEY_GROUP_COL).transformWithStateInPandas(
             statefulProcessor=processor, outputStructType=out_schema,
             outputMode="Append", timeMode="EventTime" if operator.uses_watermark else "None")

@@ -115,3 +115,36 @@ def test_packed_streaming_output_and_side_rows_exact(spark, tmp_path, fold):
     for i in (0, 2, 100):
         kinds = [names[int(k)] for k in last.loc[last["id"] == i, KIND_COL]]
         assert kinds == (["-U", "+U"] if i != 100 else (["+I"] if fold else ["+I", "-U", "+U"]))
+
+
+def test_a_checkpoint_restarted_with_another_key_group_count_fails_loudly(spark, tmp_path):
+    """A key's state is found by its key group: the same checkpoint read with
+    another count would miss every key's state.  The run stops naming both
+    counts; with the count it was written with it continues exactly."""
+    d = tmp_path / "in"
+    os.makedirs(d)
+
+    def add(i, rows):
+        path = str(d / f"part-{i}.parquet")
+        pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA), path)
+        os.utime(path, (1_700_000_000 + i, 1_700_000_000 + i))
+
+    def run(key_groups):
+        from pyspark.sql.pandas.types import from_arrow_schema
+        df = spark.readStream.schema(from_arrow_schema(SCHEMA)).parquet(str(d))
+        op = ChangelogNormalize(SCHEMA.remove(SCHEMA.get_field_index(METRICS_COL)), ["id"])
+        got = []
+        q = (apply_keyed(df, op, key_groups=key_groups).writeStream
+             .foreachBatch(lambda b, _: got.extend(
+                 (int(k), int(i), v) for k, i, v in b.filter(f"{KIND_COL} >= 0")
+                 .select(KIND_COL, "id", "v").collect()))
+             .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())
+        q.awaitTermination()
+        return sorted(got)
+
+    add(0, [data("+I", i, f"a{i}", i) for i in range(8)])
+    assert run(4) == [(0, i, f"a{i}") for i in range(8)]
+    add(1, [data("+U", i, f"b{i}", 10 + i) for i in range(8)])
+    with pytest.raises(Exception, match="written with 4 key groups and the query now runs with 8"):
+        run(8)
+    assert run(4) == sorted([(1, i, f"a{i}") for i in range(8)] + [(2, i, f"b{i}") for i in range(8)])

@@ -14,3 +14,11 @@ def test_a_local_session_runs_the_quick_jit_tier(spark):
 def test_local_workers_start_from_our_daemon(spark):
     assert spark.sparkContext.getConf().get("spark.python.daemon.module") == \
         "spark_changelog.runtime.worker_daemon"
+
+
+def test_a_local_master_runs_one_task_per_core():
+    from spark_changelog.runtime.session import local_cores
+    import os
+    assert [local_cores(m) for m in ("local", "local[2]", "local[3,2]", "local-cluster[2,1,1024]")] == \
+        [1, 2, 3, None]
+    assert local_cores("local[*]") == os.cpu_count()
