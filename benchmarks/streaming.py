@@ -34,8 +34,8 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from whole_job import (ENVELOPE_DDL, SCHEMA_DDL, cached_files, final_table, last_json,  # noqa: E402
-                       machine_load, run_process)  # noqa: E402  (the reader helper's generator)
+from whole_job import (ENVELOPE_DDL, SCHEMA_DDL, cached_files, descendants, final_table,  # noqa: E402
+                       last_json, machine_load, process_cpu, run_process)  # noqa: E402  (the reader helper's generator)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -54,25 +54,10 @@ class TreeCpu:
         return self
 
     def _poll(self):
-        tick = os.sysconf("SC_CLK_TCK")
         while not self._stop.wait(0.2):
-            parent = {}
-            for d in os.listdir("/proc"):
-                if d.isdigit():
-                    try:
-                        with open(f"/proc/{d}/stat") as fh:
-                            rest = fh.read().rsplit(")", 1)[1].split()
-                    except OSError:
-                        continue
-                    parent[int(d)] = (int(rest[1]), (int(rest[11]) + int(rest[12])) / tick)
-            mine, todo = set(), [os.getpid()]
-            while todo:
-                pid = todo.pop()
-                kids = [p for p, (pp, _) in parent.items() if pp == pid and p not in mine]
-                mine.update(kids)
-                todo += kids
-            for pid in mine:
-                self.seen[pid] = max(self.seen.get(pid, 0.0), parent[pid][1])
+            procs = process_cpu()
+            for pid in descendants(procs, os.getpid()):
+                self.seen[pid] = max(self.seen.get(pid, 0.0), procs[pid][1])
 
     def __exit__(self, *exc):
         self._stop.set()

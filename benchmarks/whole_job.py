@@ -103,9 +103,9 @@ def native_job(inp: str, out: str) -> None:
     spark.stop()
 
 
-def _tree_cpu() -> float:
-    """CPU seconds used so far by this process's descendants (the JVM and its
-    Python workers), from /proc."""
+def process_cpu() -> dict:
+    """Every process's (parent pid, CPU seconds so far), from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
     procs = {}
     for d in os.listdir("/proc"):
         if d.isdigit():
@@ -114,16 +114,28 @@ def _tree_cpu() -> float:
                     rest = fh.read().rsplit(")", 1)[1].split()
             except OSError:
                 continue
-            procs[int(d)] = (int(rest[1]), (int(rest[11]) + int(rest[12])) / os.sysconf("SC_CLK_TCK"))
+            procs[int(d)] = (int(rest[1]), (int(rest[11]) + int(rest[12])) / tick)
+    return procs
+
+
+def descendants(procs: dict, root: int) -> list:
+    """The pids below ``root`` in ``procs`` (:func:`process_cpu`)."""
     children: dict[int, list[int]] = {}
     for pid, (ppid, _) in procs.items():
         children.setdefault(ppid, []).append(pid)
-    total, todo = 0.0, list(children.get(os.getpid(), []))
+    found, todo = [], list(children.get(root, []))
     while todo:
         pid = todo.pop()
-        total += procs[pid][1]
+        found.append(pid)
         todo += children.get(pid, [])
-    return total
+    return found
+
+
+def _tree_cpu() -> float:
+    """CPU seconds used so far by this process's descendants (the JVM and its
+    Python workers), from /proc."""
+    procs = process_cpu()
+    return sum(procs[pid][1] for pid in descendants(procs, os.getpid()))
 
 
 def reader_job(inp: str) -> None:
