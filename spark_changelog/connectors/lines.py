@@ -131,7 +131,7 @@ def placement_sql(path: str, range_no: str, tasks: int) -> str:
     consecutive tasks, so a file cut into ``tasks`` ranges gives each task one.
     A round-robin repartition placed the ranges by a random start per listing
     partition and could put a micro-batch's two files on one task."""
-    from ..runtime.partitioning import spread_group_ids
+    from ..model.partitioning import spread_group_ids
     ids = ", ".join(str(i) for i in spread_group_ids(tasks))
     return f"element_at(array({ids}), CAST(pmod(pmod(hash({path}), {tasks}) + {range_no}, {tasks}) AS INT) + 1)"
 

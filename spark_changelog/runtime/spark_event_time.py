@@ -35,6 +35,7 @@ import pyarrow as pa
 from pyspark.sql.types import StringType, StructField, StructType
 
 from ..model import KIND_COL
+from ..model.partitioning import spread_group_ids
 from ..model.partition_watermarks import (FILE_PARTITIONS, EventTimeSpec,
                                           PartitionWatermarks)
 from ..model.watermark import NO_WATERMARK
@@ -42,7 +43,6 @@ from ..model.windows import WindowAssigner, assign_windows
 from ..operators.base import KeyedOperator
 from .arrow_packing import PACKED_COL, conform, pack, packed_batch, packed_schema, unpack
 from .event_time import batch_progress, run_event_time_batch
-from .partitioning import spread_group_ids
 from .state_runs import RunStack, run_schema
 from .spark_keyed import (BLOB_SCHEMA, KEY_GROUP_COL, META_SCHEMA, METRICS_GROUP, METRICS_KIND,
                           RUN_ID_SCHEMA, KeyGroupProcessor, _arrow_input, _arrow_output,

@@ -7,7 +7,7 @@ def test_key_group_ids_spread_over_shuffle_partitions(spark):
     hash partitioner: ``pmod(hash(id), partitions)``), so every core gets a
     share of the operator's work; the Python hash equals Spark's."""
     from pyspark.sql import functions as F
-    from spark_changelog.runtime.partitioning import murmur3_int, spread_group_ids
+    from spark_changelog.model.partitioning import murmur3_int, spread_group_ids
     ints = [-2**31, -7, -1, 0, 1, 2, 12, 2**31 - 1]
     got = spark.createDataFrame([(i,) for i in ints], "i INT").select(F.hash("i")).collect()
     assert [r[0] for r in got] == [murmur3_int(i) for i in ints]
