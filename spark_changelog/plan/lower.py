@@ -148,7 +148,12 @@ def _window_aggregate(node: WindowAggregate) -> Lowered:
     from ..runtime.spark_event_time import apply_event_time
     tvf = node.input
     group_keys = node.group_keys
-    inp = lower(tvf.input)
+    # the windows wait for their own per-partition watermarks (tvf.spec, from
+    # the plan's traits): Spark's withWatermark would only add a batch without
+    # data at the end of every run (~1 s), so a watermark declared right under
+    # the window is not lowered
+    source = tvf.input.input if isinstance(tvf.input, WatermarkAssigner) else tvf.input
+    inp = lower(source)
     if tvf.window.merging:   # sessions merge per key: the operator's key is the group keys
         inp, group_keys = _keyed_input(inp, group_keys)
     data = arrow_schema_of(inp.data_df)
