@@ -37,7 +37,7 @@ import contextlib
 import dataclasses
 import logging
 import re
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from sqlglot import exp
 
@@ -405,25 +405,11 @@ class Translator:
                 raise self._unsupported("GROUP BY takes columns (compute an expression in a "
                                         "view first)", g, pos)
             keys.append(self._resolve(g, rel, pos).column)
-        calls, named = {}, {}
-        for idx, item in enumerate(q.expressions):
-            alias = item.alias if isinstance(item, exp.Alias) else None
-            body = item.this if isinstance(item, exp.Alias) else item
-            if isinstance(body, exp.Column) and not isinstance(body.this, exp.Star):
-                f = self._resolve(body, rel, pos)
-                if f.column not in keys:
-                    raise self.script.error(f"column {f.name!r} is neither grouped nor "
-                                            "aggregated: add it to GROUP BY or aggregate it",
-                                            node_position(body, pos))
-                named[alias or f.name] = f.column
-            elif isinstance(body, exp.AggFunc):
-                name = alias or f"EXPR${idx}"
-                calls[name] = self.spark_sql(body, rel, pos, allow_aggregates=True)
-                named[name] = name
-            else:
-                raise self._unsupported("in a GROUP BY query, a select item is a group column or "
-                                        "one aggregate call (AGG(column)); expressions over them "
-                                        "are not supported yet", body, pos)
+        calls, named = self.grouped_select_items(
+            q, rel, pos, lambda f: f.column if f.column in keys else None,
+            lambda call: self.spark_sql(call, rel, pos, allow_aggregates=True),
+            "in a GROUP BY query, a select item is a group column or one aggregate call "
+            "(AGG(column)); expressions over them are not supported yet")
         kw = {"key_groups": self.key_groups} if self.key_groups else {}
         try:
             with self._analysis("aggregation", q.expressions, pos):
@@ -433,10 +419,41 @@ class Translator:
             if isinstance(e, SqlError):
                 raise
             raise self.script.error(str(e), node_position(q.args["group"], pos)) from None
-        out = Relation(stream, tuple(Field(None, c, c) for c in stream.schema.columns))
-        if tuple(stream.schema.columns) == tuple(named) and list(named) == list(named.values()):
-            return out
-        stream = self._select(stream, named, pos, q.expressions)
+        return self.grouped_relation(stream, named, pos, q.expressions)
+
+    def grouped_select_items(self, q: exp.Select, rel: Relation, pos: Position,
+                             column_of: Callable, call_of: Callable, what: str) -> tuple[dict, dict]:
+        """The select list of a grouped query (GROUP BY, window aggregation):
+        (aggregate calls by output name, output name -> column of the
+        aggregated stream).  ``column_of(field)`` is what a selected column
+        becomes (None: neither grouped nor aggregated), ``call_of(node)`` an
+        aggregate call's text; ``what`` says what a select item may be."""
+        calls, named = {}, {}
+        for idx, item in enumerate(q.expressions):
+            alias = item.alias if isinstance(item, exp.Alias) else None
+            body = item.this if isinstance(item, exp.Alias) else item
+            if isinstance(body, exp.Column) and not isinstance(body.this, exp.Star):
+                f = self._resolve(body, rel, pos)
+                column = column_of(f)
+                if column is None:
+                    raise self.script.error(f"column {f.name!r} is neither grouped nor "
+                                            "aggregated: add it to GROUP BY or aggregate it",
+                                            node_position(body, pos))
+                named[alias or f.name] = column
+            elif isinstance(body, exp.AggFunc):
+                name = alias or f"EXPR${idx}"
+                calls[name] = call_of(body)
+                named[name] = name
+            else:
+                raise self._unsupported(what, body, pos)
+        return calls, named
+
+    def grouped_relation(self, stream, named: dict, pos: Position, expressions) -> Relation:
+        """The aggregated ``stream`` in the select list's order and names."""
+        cols = tuple(stream.schema.columns)
+        if cols == tuple(named) and list(named) == list(named.values()):
+            return Relation(stream, tuple(Field(None, c, c) for c in cols))
+        stream = self._select(stream, named, pos, expressions)
         return Relation(stream, tuple(Field(None, n, n) for n in named))
 
     def having(self, rel: Relation, q: exp.Select, pos: Position) -> Relation:

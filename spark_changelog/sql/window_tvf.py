@@ -174,7 +174,6 @@ def aggregate(tr: "Translator", rel: "Relation", q: exp.Select, pos: Position) -
     """``GROUP BY window_start, window_end[, keys]`` with COUNT, COUNT(DISTINCT),
     SUM, MIN, MAX, AVG of a column: the window aggregate, then the select
     list's order and names."""
-    from .translate import Field, Relation
     call: WindowCall = rel.pending
     group = q.args["group"]
     keys, bounds = [], set()
@@ -201,28 +200,16 @@ def aggregate(tr: "Translator", rel: "Relation", q: exp.Select, pos: Position) -
             raise tr.script.error("SESSION(TABLE t PARTITION BY ...): the GROUP BY columns "
                                   "besides window_start and window_end must be the PARTITION BY "
                                   "columns", gpos, UnsupportedFeature)
-    calls, named = {}, {}
-    for idx, item in enumerate(q.expressions):
-        alias = item.alias if isinstance(item, exp.Alias) else None
-        body = item.this if isinstance(item, exp.Alias) else item
-        if isinstance(body, exp.Column) and not isinstance(body.this, exp.Star):
-            f = tr._resolve(body, rel, pos)
-            if f.column == WINDOW_TIME:
-                named[alias or f.name] = WINDOW_TIME_SQL
-            elif f.column in keys or f.column in (WINDOW_START, WINDOW_END):
-                named[alias or f.name] = f.column
-            else:
-                raise tr.script.error(f"column {f.name!r} is neither grouped nor aggregated: add "
-                                      "it to GROUP BY or aggregate it", node_position(body, pos))
-        elif isinstance(body, exp.AggFunc):
-            name = alias or f"EXPR${idx}"
-            calls[name] = _call_text(tr, body, rel, pos)
-            named[name] = name
-        else:
-            raise tr._unsupported("in a window aggregation, a select item is window_start, "
-                                  "window_end, window_time, a group column or one aggregate "
-                                  "call (COUNT, COUNT(DISTINCT c), SUM, MIN, MAX, AVG of a "
-                                  "column)", body, pos)
+    def column_of(f):
+        if f.column == WINDOW_TIME:
+            return WINDOW_TIME_SQL
+        return f.column if f.column in keys or f.column in (WINDOW_START, WINDOW_END) else None
+
+    calls, named = tr.grouped_select_items(
+        q, rel, pos, column_of, lambda call: _call_text(tr, call, rel, pos),
+        "in a window aggregation, a select item is window_start, window_end, window_time, a "
+        "group column or one aggregate call (COUNT, COUNT(DISTINCT c), SUM, MIN, MAX, AVG of a "
+        "column)")
     if not calls:
         raise tr.script.error("a window aggregation needs at least one aggregate (e.g. "
                               "COUNT(*))", gpos, UnsupportedFeature)
@@ -233,11 +220,7 @@ def aggregate(tr: "Translator", rel: "Relation", q: exp.Select, pos: Position) -
         if isinstance(e, SqlError):
             raise
         raise tr.script.error(f"window aggregation: {e}", gpos) from None
-    cols = tuple(stream.schema.columns)
-    if cols == tuple(named) and list(named) == list(named.values()):
-        return Relation(stream, tuple(Field(None, c, c) for c in cols))
-    stream = tr._select(stream, named, pos, q.expressions)
-    return Relation(stream, tuple(Field(None, n, n) for n in named))
+    return tr.grouped_relation(stream, named, pos, q.expressions)
 
 
 def _call_text(tr: "Translator", node: exp.AggFunc, rel: "Relation", pos: Position) -> str:
