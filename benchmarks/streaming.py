@@ -35,7 +35,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from whole_job import (ENVELOPE_DDL, SCHEMA_DDL, cached_files, descendants, final_table,  # noqa: E402
-                       last_json, machine_load, process_cpu, run_process)  # noqa: E402  (the reader helper's generator)
+                       input_arguments, last_json, machine_load, process_cpu, run_process)  # noqa: E402  (the reader helper's generator)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -157,14 +157,11 @@ def native_job(inp: str, out: str, ck: str, max_files: int) -> None:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--events", type=int, default=2_000_000)
-    ap.add_argument("--ids", type=int, default=1_000_000)
-    ap.add_argument("--files", type=int, default=4)
+    input_arguments(ap, events=2_000_000, ids=1_000_000)
     ap.add_argument("--max-files-per-trigger", type=int, default=0,
                     help="files per micro-batch (0: all files in one micro-batch)")
     ap.add_argument("--no-fold", action="store_true", help="ours without micro-batch folding")
     ap.add_argument("--only", default="ours,native")
-    ap.add_argument("--cache", default=os.path.join(tempfile.gettempdir(), "spark-changelog-bench"))
     ap.add_argument("--ours-job", nargs=5, help=argparse.SUPPRESS)
     ap.add_argument("--native-job", nargs=4, help=argparse.SUPPRESS)
     ap.add_argument("--phases", action="store_true",

@@ -61,7 +61,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 FLINK_PYTHON = "/work/flink-venv/bin/python"
 sys.path.insert(0, HERE)
-from whole_job import cached_files, machine_load  # noqa: E402  (the whole-job benchmark's inputs)
+from whole_job import cached_files, input_arguments, machine_load  # noqa: E402  (the whole-job benchmark's inputs)
 COLS = "id BIGINT, g BIGINT, v BIGINT"
 
 
@@ -274,10 +274,7 @@ def generate_insert_only(directory: str, events: int, ids: int, files: int, seed
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--events", type=int, default=1_000_000)
-    ap.add_argument("--ids", type=int, default=100_000)
-    ap.add_argument("--files", type=int, default=4)
-    ap.add_argument("--cache", default=os.path.join(tempfile.gettempdir(), "spark-changelog-bench"))
+    input_arguments(ap)
     ap.add_argument("--jobs", default=",".join(JOBS))
     ap.add_argument("--ours-mode", choices=["batch", "streaming"], default="batch")
     ap.add_argument("--no-check", action="store_true", help="skip the result comparison")

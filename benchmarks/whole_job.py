@@ -209,12 +209,18 @@ def final_table(path: str):
     return DeltaTable(path).to_pandas().sort_values("id").reset_index(drop=True)[["id", "g", "v"]]
 
 
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--events", type=int, default=1_000_000)
-    ap.add_argument("--ids", type=int, default=100_000)
+def input_arguments(ap, events: int = 1_000_000, ids: int = 100_000) -> None:
+    """The generated input's options (:func:`cached_files`), shared by the
+    benchmarks that read these Debezium files."""
+    ap.add_argument("--events", type=int, default=events)
+    ap.add_argument("--ids", type=int, default=ids)
     ap.add_argument("--files", type=int, default=4)
     ap.add_argument("--cache", default=os.path.join(tempfile.gettempdir(), "spark-changelog-bench"))
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    input_arguments(ap)
     ap.add_argument("--streaming", action="store_true", help="also run ours as a streaming query")
     ap.add_argument("--no-reader", action="store_true", help="skip the reader-alone comparison")
     ap.add_argument("--native-job", nargs=2, metavar=("IN", "OUT"), help=argparse.SUPPRESS)
