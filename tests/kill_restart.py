@@ -56,3 +56,18 @@ def kill_when(job: subprocess.Popen, line: str, timeout_s: float = 600) -> list[
         os.killpg(job.pid, signal.SIGKILL)
         job.wait(timeout=60)
     return seen
+
+
+def crash_in_batch(job: str, args, batch: int) -> None:
+    """Run ``job`` told to hang inside micro-batch ``batch`` (after its sinks
+    were written, before Spark logged it) and SIGKILL it there."""
+    seen = kill_when(start_job(job, list(args) + [batch]), f"committed {batch}")
+    assert f"committed {batch}" in seen, seen
+
+
+def restart(job: str, args) -> str:
+    """Run ``job`` again on the same checkpoint to the end; its output."""
+    proc = start_job(job, args)
+    out, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 0, out
+    return out

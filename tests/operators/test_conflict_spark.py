@@ -246,13 +246,10 @@ def test_kill_and_restart_keeps_watermark_and_timers(tmp_path):
     Spark logged it), restart from the checkpoint: Spark replays batch 2 with
     the watermark it had, timers and buffered changes come back from the state
     store, and the table and the changelog equal an uninterrupted run's."""
-    from kill_restart import kill_when, start_job
+    from kill_restart import crash_in_batch, restart
     frames = write_files(tmp_path / "in", FILES)
     args = [tmp_path / "in", tmp_path / "table", tmp_path / "ck", tmp_path / "log"]
-    seen = kill_when(start_job("conflict_job.py", args + [2]), "committed 2")
-    assert "committed 2" in seen, seen
-    restart = start_job("conflict_job.py", args)
-    out, _ = restart.communicate(timeout=900)
-    assert restart.returncode == 0, out
+    crash_in_batch("conflict_job.py", args, 2)
+    out = restart("conflict_job.py", args)
     assert "replayed=1" in out, out
     assert actual(tmp_path) == expected(frames, "nothing", True)

@@ -84,15 +84,12 @@ def test_kill_and_restart_fires_no_window_twice(tmp_path):
     watermarks, idleness clocks and open windows come back from the state
     store, the replayed batch uses the same batch timestamp, so the changelog
     and the late output equal the reference run's exactly."""
-    from kill_restart import kill_when, start_job
+    from kill_restart import crash_in_batch, restart
     write_files(tmp_path / "in", IDLE_FILES)
     args = [tmp_path / "in", tmp_path / "table", tmp_path / "ck", tmp_path / "log",
             tmp_path / "late"]
-    seen = kill_when(start_job("window_job.py", args + [2]), "committed 2")
-    assert "committed 2" in seen, seen
-    restart = start_job("window_job.py", args)
-    out, _ = restart.communicate(timeout=900)
-    assert restart.returncode == 0, out
+    crash_in_batch("window_job.py", args, 2)
+    out = restart("window_job.py", args)
     assert "replayed=1" in out, out
     want_fired, want_late = local_reference(IDLE_FILES)
     assert spark_fired(tmp_path / "log") == want_fired

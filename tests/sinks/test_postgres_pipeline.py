@@ -7,7 +7,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from kill_restart import AFTER_BATCH_1, EXPECTED_TABLE, kill_when, start_job, write_input
+from kill_restart import AFTER_BATCH_1, EXPECTED_TABLE, crash_in_batch, restart, write_input
 
 pytestmark = pytest.mark.postgres
 
@@ -26,8 +26,7 @@ def test_kill_after_pg_commit_and_restart_skips_replay(tmp_path, pg_server):
     args = [tmp_path / "in", conninfo, TABLE, tmp_path / "ck"]
 
     # crash: hang inside batch 1 after the PostgreSQL commit, then SIGKILL the whole job
-    seen = kill_when(start_job("pg_job.py", args + [1]), "committed 1")
-    assert "committed 1" in seen, seen
+    crash_in_batch("pg_job.py", args, 1)
     assert _rows(conninfo) == AFTER_BATCH_1
     with psycopg.connect(conninfo) as c:
         (query_id, recorded), = c.execute(
@@ -35,9 +34,7 @@ def test_kill_after_pg_commit_and_restart_skips_replay(tmp_path, pg_server):
             (f"public.{TABLE}",)).fetchall()
     assert recorded == 1
 
-    restart = start_job("pg_job.py", args)
-    out, _ = restart.communicate(timeout=900)
-    assert restart.returncode == 0, out
+    out = restart("pg_job.py", args)
     # Spark replays batch 1 (its commit was never logged): the PostgreSQL sink skips it
     # this run: batch 1 (replayed, skipped), 2 and 3
     assert "finished batches=3 replayed=1 " in out, out
