@@ -172,8 +172,8 @@ class KeyedOperator(abc.ABC):
     def first_in_batch(self, rows: pd.DataFrame, ctx: OpContext) -> np.ndarray:
         """For an operator whose :attr:`state_is_seen_keys`: ``process`` on an
         empty state as a mask over ``rows`` (sorted by key, then ``_seq``; the
-        key columns, ``_kind`` and ``_seq`` suffice): the rows it emits,
-        unchanged but for ``_kind``."""
+        key columns, ``_kind`` and ``_seq`` suffice): the rows it emits, as
+        they are."""
         raise NotImplementedError(f"{self.name} does not keep only the keys it has seen")
 
     @property

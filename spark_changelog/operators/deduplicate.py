@@ -192,7 +192,8 @@ class ProcTimeKeepFirst(_Dedup):
 
     def first_in_batch(self, rows: pd.DataFrame, ctx: OpContext) -> np.ndarray:
         """What :meth:`process` emits on an empty state, as a mask over
-        ``rows`` (sorted by key, then ``_seq``): each key's first row.  Only the
+        ``rows`` (sorted by key, then ``_seq``): each key's first row, emitted as
+        it is (an insert: the input is insert-only, checked).  Only the
         key columns, ``_kind`` and ``_seq`` are read, so a runtime keeping the
         seen keys elsewhere (``runtime/spark_seen_keys.py``) hands over just
         those and takes the rows from its own copy.  Counters as in ``process``."""

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pyarrow as pa
 
-from ..model import KIND_COL, METRICS_COL, METRICS_KIND, SEQ_COL, RowKind
+from ..model import KIND_COL, METRICS_COL, METRICS_KIND, SEQ_COL
 from ..operators.base import KeyedOperator, OpContext
 from .keygroup import sort_rows
 from .spark_keyed import (_arrow_input, _arrow_output, output_schema_with_metrics, spark_schema,
@@ -101,8 +101,8 @@ def apply_seen_keys(df, operator: KeyedOperator):
             keep = np.sort(rows[_POS].to_numpy()[operator.first_in_batch(rows, ctx)])
             kept = table.take(keep)
             n = kept.num_rows
-            arrays = [pa.array(np.full(n, int(RowKind.INSERT), np.int8)) if f.name == KIND_COL
-                      else kept.column(f.name).cast(f.type) for f in data_schema]
+            # the emitted rows are the input rows as they are (first_in_batch)
+            arrays = [kept.column(f.name).cast(f.type) for f in data_schema]
             arrays += [pa.nulls(n, pa.string()), pa.nulls(n, pa.string())]
             parts.append(pa.Table.from_arrays(arrays, schema=out_schema))
         passed = None
