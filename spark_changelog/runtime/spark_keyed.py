@@ -5,19 +5,20 @@ parallelism), so Spark's Python stateful API is called once per key group per
 micro-batch instead of once per key (~1 ms each, architecture notes), and both
 call the same :func:`~spark_changelog.runtime.keygroup.process_key_group`.
 
-Streaming: ``transformWithStateInPandas`` on the RocksDB state store, fed
-*packed* rows (docs/runtime.md, "Packed key groups"): one ``mapInArrow`` pass
-before the shuffle (:func:`pack_key_groups`) pre-folds each input partition
-when the operator folds, and packs each key group's rows of the partition
-into ONE row (key group, LZ4 Arrow IPC blob,
+Both are fed *packed* rows (docs/runtime.md, "Packed key groups"): one
+``mapInArrow`` pass before the shuffle (:func:`pack_key_groups`) pre-folds
+each input partition when the operator folds, and packs each key group's rows
+of the partition into ONE row (key group, LZ4 Arrow IPC blob,
 :mod:`~spark_changelog.runtime.arrow_packing`), so Spark shuffles, sorts and
-converts a few rows per key group instead of every input row; the processor
-unpacks them.  The key group is still Spark's ``pmod(hash(key), G)``
-(computed as a column before the pass): state written before packing stays
-where it was.  The packed input carries no event-time column, so Spark's
-``EventTime`` mode never filters rows as late (we never drop a row silently,
-docs/semantics.md section 6); the query's watermark still comes from the
-``withWatermark`` node upstream.
+converts a few rows per key group instead of every input row; the Python step
+unpacks them and sorts each key group's rows by key and ``_seq``.  Streaming
+runs ``transformWithStateInPandas`` on the RocksDB state store; batch runs
+``applyInArrow`` once per key group, without state.  The key group is still
+Spark's ``pmod(hash(key), G)`` (computed as a column before the pass): state
+written before packing stays where it was.  The packed input carries no
+event-time column, so Spark's ``EventTime`` mode never filters rows as late
+(we never drop a row silently, docs/semantics.md section 6); the query's
+watermark still comes from the ``withWatermark`` node upstream.
 
 Per key group two state variables hold a
 :class:`~spark_changelog.runtime.state_runs.RunStack`:
@@ -53,7 +54,7 @@ from pyspark.sql.types import BinaryType, LongType, StringType, StructField, Str
 from ..model import KIND_COL, METRICS_COL, METRICS_KIND, SEQ_COL, RowKind
 from ..model.watermark import END_OF_INPUT_MS
 from ..operators.base import KeyedOperator, Metrics, OpContext
-from .arrow_packing import pack_groups, packed_batch, packed_schema, unpack
+from .arrow_packing import PACKED_COL, pack_groups, packed_batch, packed_schema, unpack
 from .keygroup import fire_watermark, next_timer_ms, pending_rows, process_key_group
 from .state_runs import WORKER_CACHE, Run, RunStack, concat_rows, run_schema
 
@@ -379,22 +380,15 @@ def apply_keyed(df, operator: KeyedOperator, *, key_groups: int = DEFAULT_KEY_GR
             statefulProcessor=processor, outputStructType=out_schema,
             outputMode="Append", timeMode="EventTime" if operator.uses_watermark else "None")
 
-    if operator.prefolds:
-        df = prefold(df, operator)
-    keyed = add_key_group(df, operator.key, key_groups)
+    # the same packed input as streaming: Spark shuffles and groups a few
+    # blobs per key group instead of sorting every row (``keygroup.sort_rows``
+    # sorts each key group's rows by key and ``_seq`` in the Python step)
+    packed, columns = pack_key_groups(df, operator, key_groups)
     now = int(time.time() * 1000) if processing_time_ms is None else processing_time_ms
-    # Spark sorts each partition by (key group, key, _seq) before the Python
-    # step (its grouping needs the key-group order anyway, and this sort
-    # satisfies it), so ``keygroup.sort_rows`` only checks the order
-    from pyspark.sql import functions as F
-    partitions = int(df.sparkSession.conf.get("spark.sql.shuffle.partitions"))
-    grouped = (keyed.repartition(partitions, F.col(KEY_GROUP_COL))
-               .sortWithinPartitions(KEY_GROUP_COL, *operator.key, SEQ_COL).groupBy(KEY_GROUP_COL))
-
-    columns = keyed.columns
 
     def run_group(table: pa.Table) -> pa.Table:
-        pdf, passed = split_upstream_metrics(_arrow_input(table, columns, time_zone), operator)
+        rows = unpack(table.column(PACKED_COL).to_pylist())
+        pdf, passed = split_upstream_metrics(_arrow_input(rows, columns, time_zone), operator)
         if pdf.empty:
             return _arrow_output(None, passed, operator, None)
         ctx = OpContext(processing_time_ms=now)
@@ -409,7 +403,7 @@ def apply_keyed(df, operator: KeyedOperator, *, key_groups: int = DEFAULT_KEY_GR
         out = concat_rows([out, fire_watermark(operator, stack, ctx)])
         return _arrow_output(out, passed, operator, ctx, {"state_rows": 0, "watermark_ms": END_OF_INPUT_MS})
 
-    return grouped.applyInArrow(run_group, schema=out_schema)
+    return packed.groupBy(KEY_GROUP_COL).applyInArrow(run_group, schema=out_schema)
 
 
 def _with_metrics_column(df):
@@ -446,47 +440,48 @@ def _fold_partition(table: pa.Table, operator: KeyedOperator, extra=None) -> pa.
     return pa.concat_tables([kept.cast(schema), row])
 
 
-def prefold(df, operator: KeyedOperator):
-    """``df`` with the rows ``operator.prefold_keep`` drops removed in each
-    input partition (a ``mapInArrow`` step before the shuffle: no second
-    shuffle, Arrow only), so fewer rows reach the Python step (micro-batch
-    folding).  The batch path's; the streaming path folds in the same pass
-    that packs (:func:`pack_key_groups`).  Side rows pass; each step adds one
-    with its counters (``rows_in``, ``folded``: the rows dropped here)."""
-    df = _with_metrics_column(df)
-
-    def keep_last(batches):
-        batches = [b for b in batches if b.num_rows]
-        if batches:
-            yield from _fold_partition(pa.Table.from_batches(batches), operator).to_batches()
-
-    return df.mapInArrow(keep_last, _nullable(df))
+#: rows of an input partition packed at a time: bounds the packing pass's
+#: memory (a large batch input partition is packed in parts; folding per part
+#: is exact, each part's dropped rows are older than a kept row of their key)
+PACK_CHUNK_ROWS = 1 << 20
 
 
-def pack_key_groups(df, operator: KeyedOperator, key_groups: int):
-    """The streaming input of the keyed step: ``df`` packed per key group
-    (:mod:`~spark_changelog.runtime.arrow_packing`) in one ``mapInArrow``
-    pass, which first pre-folds each input partition when the operator
-    pre-folds (:func:`prefold`'s rule and counters).  The key group is
-    Spark's ``pmod(hash(key), G)`` (:func:`add_key_group`), computed as a
-    column before the pass, so a key's state stays where it always was; side
-    rows go to :data:`METRICS_GROUP`.  Returns (packed DataFrame: ``_kg``,
-    ``rows``; the names of the packed rows' columns)."""
+def pack_key_groups(df, operator: KeyedOperator, key_groups: int, chunk_rows: int = PACK_CHUNK_ROWS):
+    """The input of the keyed step, streaming and batch: ``df`` packed per
+    key group (:mod:`~spark_changelog.runtime.arrow_packing`) in one
+    ``mapInArrow`` pass, which first pre-folds when the operator pre-folds
+    (micro-batch folding: only each key's last change of the part is kept,
+    the operator's ``prefold_keep``; a side row carries the counters
+    ``rows_in`` and ``folded``).  An input partition is packed in parts of
+    about ``chunk_rows`` rows (whole Arrow batches).  The key group is Spark's
+    ``pmod(hash(key), G)`` (:func:`add_key_group`), computed as a column
+    before the pass, so a key's state stays where it always was; side rows go
+    to :data:`METRICS_GROUP`.  Returns (packed DataFrame: ``_kg``, ``rows``;
+    the names of the packed rows' columns)."""
     if operator.prefolds:
         df = _with_metrics_column(df)
     keyed = add_key_group(df, operator.key, key_groups)
     columns = [c for c in keyed.columns if c != KEY_GROUP_COL]
     fold = operator.prefolds
 
-    def fn(batches):
-        batches = [b for b in batches if b.num_rows]
-        if not batches:
-            return
+    def pack_part(batches):
         table = pa.Table.from_batches(batches)
         if fold:
             table = _fold_partition(table, operator, {KEY_GROUP_COL: METRICS_GROUP})
         groups = table.column(KEY_GROUP_COL).to_numpy(zero_copy_only=False)
         rows = table.drop_columns([KEY_GROUP_COL])
-        yield packed_batch(list(pack_groups(rows, groups)), KEY_GROUP_COL)
+        return packed_batch(list(pack_groups(rows, groups)), KEY_GROUP_COL)
+
+    def fn(batches):
+        part, n = [], 0
+        for b in batches:
+            if b.num_rows:
+                part.append(b)
+                n += b.num_rows
+            if n >= chunk_rows:
+                yield pack_part(part)
+                part, n = [], 0
+        if part:
+            yield pack_part(part)
 
     return keyed.mapInArrow(fn, spark_schema(packed_schema(KEY_GROUP_COL))), columns
