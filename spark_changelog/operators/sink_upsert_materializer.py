@@ -492,6 +492,7 @@ class SinkUpsertMaterializer(KeyedOperator):
 
     def process(self, state: pd.DataFrame, rows: pd.DataFrame, ctx: OpContext
                 ) -> tuple[pd.DataFrame, pd.DataFrame]:
+        ctx.metrics.add("rows_in", len(rows))
         expired_keys = None
         if self.state_ttl_ms is not None and len(state):
             keep = self._alive_by_ttl(state, ctx)

@@ -123,7 +123,8 @@ def event_time_progress(out=None):
         wm_text = "-" if wm is None else pd.Timestamp(wm, unit="ms", tz="UTC").isoformat()
         lag = ("" if wm is None or et.get("newest_event_ms") is None
                else f" (lag {(et['newest_event_ms'] - wm) / 1000:.1f} s)")
-        line = (f"batch {report.batches}: rows in {report.rows_in:,}, out {report.changes_out:,}, "
+        rows_in = "-" if report.rows_in is None else f"{report.rows_in:,}"
+        line = (f"batch {report.batches}: rows in {rows_in}, out {report.changes_out:,}, "
                 f"watermark {wm_text}{lag}, late rows {report.late_rows:,}, idle partitions "
                 f"{len(et.get('idle_partitions', []))}")
         out.write(("\r" + line + " " * 8) if tty else line + "\n")

@@ -74,12 +74,16 @@ class RunReport:
     _entry_rows: int = dataclasses.field(default=0, repr=False)
 
     @property
-    def rows_in(self) -> int:
+    def rows_in(self) -> Optional[int]:
         """Changelog rows the sources produced (one per change: an update is a
-        ``-U``/``+U`` pair), as received by the operators reading them."""
+        ``-U``/``+U`` pair), as received by the operators reading them; None
+        when no keyed operator reads them (sources into the sink through
+        projections and filters only: nothing counts them)."""
         if self.entry_instances:
             return self._entry_rows
-        return int(self.counters.get("rows_in", 0))
+        if "rows_in" in self.counters:
+            return int(self.counters["rows_in"])
+        return None
 
     def add_metrics(self, metrics: list[dict]) -> None:
         """Sum one micro-batch's metrics rows.  State size: each key group
@@ -112,7 +116,8 @@ class RunReport:
     def summary(self) -> str:
         c = self.counters
         lines = [
-            f"changelog rows in: {self.rows_in}   changes out: {self.changes_out}   "
+            f"changelog rows in: {'not counted (no keyed operator)' if self.rows_in is None else self.rows_in}"
+            f"   changes out: {self.changes_out}   "
             f"batches: {self.batches}" + (f" ({self.replayed_batches} replayed, skipped)"
                                           if self.replayed_batches else ""),
             f"table: {self.upserted} upserted, {self.deleted} deleted",

@@ -43,3 +43,19 @@ def test_normalize_then_materializer_reports_both(spark, tmp_path, streaming):
     if streaming:   # batch sorts all six by _seq: nothing arrives after a newer change
         assert report.operators["ChangelogNormalize"]["superseded"] == 1
     assert report.rows_in == 6
+    # the materializer counts its input too: normalize's output
+    assert report.operators["sink_upsert_materializer"]["rows_in"] == report.operators["ChangelogNormalize"]["rows_out"]
+
+
+def test_a_plan_without_keyed_operators_says_its_rows_in_are_not_counted(spark, tmp_path):
+    """Sources straight into the sink (a batch over an ordered input): no
+    operator counts the rows in, and the summary says so instead of 0."""
+    os.makedirs(tmp_path / "in")
+    pq.write_table(pa.Table.from_pandas(to_frame(FILES[0], COLS), schema=ARROW, preserve_index=False),
+                   str(tmp_path / "in" / "part-0.parquet"))
+    from pyspark.sql.pandas.types import from_arrow_schema
+    df = spark.read.schema(from_arrow_schema(ARROW)).parquet(str(tmp_path / "in"))
+    report = ChangelogStream.from_dataframe(df, primary_key=["id"]).write_upsert(str(tmp_path / "t"))
+    assert report.rows_in is None and report.changes_out == 3
+    assert report.summary().splitlines()[0] == "changelog rows in: not counted (no keyed operator)   " \
+                                               "changes out: 3   batches: 1"
