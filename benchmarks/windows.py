@@ -3,7 +3,7 @@
 same run.
 
     scripts/bench windows [--rows 1000000] [--users 10000] [--batch 100000]
-                          [--key-groups N] [--skip-native] [--no-warm-up]
+                          [--key-groups N] [--skip-native] [--floor] [--no-warm-up]
 
 Input: ``--rows`` clicks ``(u, t)`` over ``--users`` users, event times
 advancing 60 ms per click (1000 clicks per minute), as parquet files of
@@ -18,6 +18,11 @@ one minute, ``COUNT(DISTINCT u)``:
   ``max - 10 s - 1 ms``), ``groupBy(window("rt", "1 minute")).agg(size(collect_set(u)))``
   in append mode (Spark has no streaming ``COUNT(DISTINCT)``; ``collect_set``
   is exact).  Spark drops late rows silently.
+
+``--floor`` also runs ours' data path without the operator: the same Arrow
+pass and shuffle, and ``transformWithStateInPandas`` with a processor that
+only unpacks and counts its rows (what any Python stateful step on Spark
+costs here).
 
 Both outputs are collected per micro-batch; the script checks that every window
 both emitted has the same count, and prints rows/s (input rows over the sum of
@@ -72,19 +77,23 @@ def _durations(q) -> list:
     return [p.durationMs.get("triggerExecution", 0) / 1000.0 for p in q.recentProgress]
 
 
-def run_ours(spark, src: str, ck: str, late: str, key_groups: int) -> dict:
+def ours_stream(spark, src: str, key_groups: int):
     from spark_changelog.api import ChangelogStream
     from spark_changelog.model import ChangelogMode
     from spark_changelog.operators.window import tumble
+    df = (spark.readStream.schema("u STRING, t BIGINT, _kind TINYINT, _seq BIGINT")
+          .option("maxFilesPerTrigger", 1).parquet(src))
+    return (ChangelogStream.from_dataframe(df, mode=ChangelogMode.INSERT_ONLY)
+            .with_column("rt", "timestamp_millis(t)").with_watermark("rt", BOUND_MS)
+            .window(tumble("rt", "1 minute"))
+            .aggregate(users="count(distinct u)", key_groups=key_groups))
+
+
+def run_ours(spark, src: str, ck: str, late: str, key_groups: int) -> dict:
     from spark_changelog.runtime.late_output import late_records, write_late_rows
     from spark_changelog.runtime.pipeline import split_metrics
 
-    df = (spark.readStream.schema("u STRING, t BIGINT, _kind TINYINT, _seq BIGINT")
-          .option("maxFilesPerTrigger", 1).parquet(src))
-    stream = (ChangelogStream.from_dataframe(df, mode=ChangelogMode.INSERT_ONLY)
-              .with_column("rt", "timestamp_millis(t)").with_watermark("rt", BOUND_MS)
-              .window(tumble("rt", "1 minute"))
-              .aggregate(users="count(distinct u)", key_groups=key_groups))
+    stream = ours_stream(spark, src, key_groups)
     windows, n_late, op_seconds = {}, [0], []
 
     def consume(bdf, batch_id):
@@ -102,6 +111,49 @@ def run_ours(spark, src: str, ck: str, late: str, key_groups: int) -> dict:
     q.awaitTermination()
     return {"windows": windows, "durs": _durations(q), "late": n_late[0],
             "operator_seconds": sum(op_seconds)}
+
+
+def run_floor(spark, src: str, ck: str, key_groups: int) -> dict:
+    """The floor of ours' data path: the same plan up to the window operator's
+    Arrow pass (windows assigned, progress summary, packing), the shuffle by
+    key group and ``transformWithStateInPandas``, with a processor that only
+    unpacks its rows and counts them (no state, no operator)."""
+    import pandas as pd
+    from pyspark.sql.streaming import StatefulProcessor
+    from spark_changelog.plan.lower import lower
+    from spark_changelog.runtime.arrow_packing import unpack
+    from spark_changelog.runtime.spark_event_time import (EVENT_TIME_KEY_GROUPS, KEY_GROUP_COL,
+                                                          pack_event_time_input)
+
+    class UnpackAndCount(StatefulProcessor):
+        def init(self, handle) -> None:
+            pass
+
+        def handleInputRows(self, key, rows, timerValues):
+            n = sum(unpack(list(frame.iloc[:, -1])).num_rows for frame in rows)
+            yield pd.DataFrame({"rows": [n]})
+
+        def close(self) -> None:
+            pass
+
+    stream = ours_stream(spark, src, key_groups)
+    low = lower(stream.node)
+    op, tvf = low.operators[-1], stream.node.input
+    source = lower(tvf.input.input).df
+    packed, _ = pack_event_time_input(source, tvf.spec, op.key, key_groups or EVENT_TIME_KEY_GROUPS,
+                                      tvf.window)
+    counted = packed.groupBy(KEY_GROUP_COL).transformWithStateInPandas(
+        statefulProcessor=UnpackAndCount(), outputStructType="rows long", outputMode="Append",
+        timeMode="None")
+    total = [0]
+
+    def consume(bdf, batch_id):
+        total[0] += sum(bdf.toArrow().column("rows").to_pylist())
+
+    q = (counted.writeStream.foreachBatch(consume).option("checkpointLocation", ck)
+         .trigger(availableNow=True).start())
+    q.awaitTermination()
+    return {"durs": _durations(q), "rows": total[0]}
 
 
 def run_native(spark, src: str, ck: str) -> dict:
@@ -132,6 +184,9 @@ def main(argv=None) -> None:
                     help="default: the runtime's (one per shuffle partition)")
     ap.add_argument("--partitions", type=int, default=2)
     ap.add_argument("--skip-native", action="store_true")
+    ap.add_argument("--floor", action="store_true",
+                    help="also run the floor of ours' data path (Arrow pass, shuffle, a stateful "
+                         "step that only unpacks and counts) on the same input")
     ap.add_argument("--no-warm-up", dest="warm_up", action="store_false",
                     help="measure the first query of the process cold")
     args = ap.parse_args(argv)
@@ -154,12 +209,20 @@ def main(argv=None) -> None:
                      os.path.join(d, "late_warm"), args.key_groups)
             if not args.skip_native:
                 run_native(spark, os.path.join(d, "warm"), os.path.join(d, "ck_warm_native"))
+            if args.floor:
+                run_floor(spark, os.path.join(d, "warm"), os.path.join(d, "ck_warm_floor"), args.key_groups)
         ours = run_ours(spark, os.path.join(d, "in"), os.path.join(d, "ck_ours"),
                         os.path.join(d, "late"), args.key_groups)
         t_ours = sum(ours["durs"])
         print(f"ours:   {t_ours:7.1f} s  {args.rows / t_ours:10,.0f} rows/s  "
               f"windows {len(ours['windows'])}  late rows {ours['late']}  (operator calls: "
               f"{ours['operator_seconds']:.1f} s)", flush=True)
+        if args.floor:
+            floor = run_floor(spark, os.path.join(d, "in"), os.path.join(d, "ck_floor"), args.key_groups)
+            t_floor = sum(floor["durs"])
+            print(f"floor:  {t_floor:7.1f} s  {args.rows / t_floor:10,.0f} rows/s  (Arrow pass, shuffle, "
+                  f"a stateful step that only unpacks and counts: {floor['rows']:,} rows incl. summaries)",
+                  flush=True)
         if not args.skip_native:
             native = run_native(spark, os.path.join(d, "in"), os.path.join(d, "ck_native"))
             t_nat = sum(native["durs"])

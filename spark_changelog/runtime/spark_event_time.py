@@ -234,21 +234,13 @@ def project_windows(df, column: str, assigner: WindowAssigner):
     return df.mapInArrow(fn, spark_schema(out_schema))
 
 
-def apply_event_time(df, operator: KeyedOperator, spec: EventTimeSpec, *,
-                     assigner: Optional[WindowAssigner] = None,
-                     key_groups: Optional[int] = None, growth: float = 1.0,
-                     max_runs: int = 8):
-    """The event-time operator's output (plus metric rows) as a DataFrame:
-    the window projection (``assigner`` on ``spec.column``) and the operator,
-    streaming with our own watermarks, or batch with the end of input.
-
-    ``key_groups`` (default :data:`EVENT_TIME_KEY_GROUPS`) is fixed for the
-    life of a checkpoint.  Rows cross to the Python step packed per key
-    group, so more key groups than cores only add calls (each a fixed cost)
-    without making any call cheaper."""
+def pack_event_time_input(df, spec: EventTimeSpec, key, key_groups: int,
+                          assigner: Optional[WindowAssigner] = None):
+    """Step 1 of the module docstring: ``df`` with the batch time and source
+    partition added, windows assigned and each key group's rows plus the
+    progress summary packed (:func:`_project_and_pack`).  Returns (packed
+    DataFrame: ``_kg``, ``rows``; the names of the packed rows' columns)."""
     from pyspark.sql import functions as F
-    if key_groups is None:
-        key_groups = EVENT_TIME_KEY_GROUPS
     # in a streaming query current_timestamp() is the batch's timestamp, kept
     # in the offset log: a replayed batch sees the same processing time
     src = df.withColumn(NOW_COL, F.current_timestamp())
@@ -267,9 +259,27 @@ def apply_event_time(df, operator: KeyedOperator, spec: EventTimeSpec, *,
     row_schema = pa.schema(fields)
     # the packed rows' columns (the processor drops the helpers)
     columns = [f.name for f in row_schema]
-    packed = src.mapInArrow(_project_and_pack(spec, spec.column, assigner, operator.key,
+    packed = src.mapInArrow(_project_and_pack(spec, spec.column, assigner, key,
                                               key_groups, row_schema),
                             spark_schema(packed_schema(KEY_GROUP_COL)))
+    return packed, columns
+
+
+def apply_event_time(df, operator: KeyedOperator, spec: EventTimeSpec, *,
+                     assigner: Optional[WindowAssigner] = None,
+                     key_groups: Optional[int] = None, growth: float = 1.0,
+                     max_runs: int = 8):
+    """The event-time operator's output (plus metric rows) as a DataFrame:
+    the window projection (``assigner`` on ``spec.column``) and the operator,
+    streaming with our own watermarks, or batch with the end of input.
+
+    ``key_groups`` (default :data:`EVENT_TIME_KEY_GROUPS`) is fixed for the
+    life of a checkpoint.  Rows cross to the Python step packed per key
+    group, so more key groups than cores only add calls (each a fixed cost)
+    without making any call cheaper."""
+    if key_groups is None:
+        key_groups = EVENT_TIME_KEY_GROUPS
+    packed, columns = pack_event_time_input(df, spec, operator.key, key_groups, assigner)
     out_schema = spark_schema(output_schema_with_metrics(operator))
     time_zone = df.sparkSession.conf.get("spark.sql.session.timeZone")
     grouped = packed.groupBy(KEY_GROUP_COL)
@@ -299,4 +309,4 @@ def apply_event_time(df, operator: KeyedOperator, spec: EventTimeSpec, *,
     return grouped.applyInArrow(run_group, schema=out_schema)
 
 
-__all__ = ["apply_event_time", "project_windows", "EventTimeKeyGroupProcessor", "PROGRESS_KIND"]
+__all__ = ["apply_event_time", "pack_event_time_input", "project_windows", "EventTimeKeyGroupProcessor", "PROGRESS_KIND"]
