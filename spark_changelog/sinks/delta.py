@@ -69,12 +69,21 @@ import pyarrow as pa
 
 from ..model import KIND_COL, METADATA_COLUMNS, SEQ_COL, as_key
 from ..model.rowkind import IS_ADD
-from .base import UpsertSink, net_changes_per_key, check_kinds
+from ..operators.kernels import arrow_key_arrays, last_change_per_key
+from .base import UpsertSink, check_kinds
 
 PRIMARY_KEY_PROPERTY = "spark_changelog.primary_key"
 #: ``delta.targetFileSize`` given to tables the sink creates, unless configured.
 DEFAULT_TARGET_FILE_SIZE = 32 * 1024 * 1024
 _ADD_COL = "__spark_changelog_is_add"
+#: commit-info key naming the query of a commit (its ``txn`` appId too)
+_QUERY_ID_META = "spark_changelog.query_id"
+#: commit operations that change no row: creating the (empty) table,
+#: rewriting files with the same rows, table properties, vacuum
+_NO_ROW_CHANGE_OPERATIONS = frozenset({"CREATE TABLE", "OPTIMIZE", "SET TBLPROPERTIES",
+                                       "VACUUM START", "VACUUM END"})
+#: appends tried before a MERGE when other commits keep taking the next version
+_APPEND_ATTEMPTS = 3
 
 __all__ = ["DeltaUpsertSink", "DeltaSinkSchemaError", "PRIMARY_KEY_PROPERTY", "read_table",
            "table_key"]
@@ -172,6 +181,7 @@ class DeltaUpsertSink(UpsertSink):
         writer_properties: Any = None,
         streamed_exec: bool = False,
         adopt_existing: bool = False,
+        keys_emitted_once: bool = False,
     ) -> None:
         self.path = os.fspath(path)
         self.key = as_key(key)
@@ -183,6 +193,9 @@ class DeltaUpsertSink(UpsertSink):
         self.writer_properties = writer_properties
         self.streamed_exec = streamed_exec
         self.adopt_existing = adopt_existing
+        self.keys_emitted_once = keys_emitted_once
+        #: query id -> (table version checked up to, only that query wrote rows)
+        self._writers: dict[str, tuple[int, bool]] = {}
         self.columns = tuple(self.schema.names)
         self._check_definition()
         self._dt = None
@@ -292,12 +305,12 @@ class DeltaUpsertSink(UpsertSink):
         version = self._table().transaction_version(query_id)
         return -1 if version is None else int(version)
 
-    def _commit_properties(self, query_id: str, batch_id: int):
+    def _commit_properties(self, query_id: str, batch_id: int, **kwargs):
         dl = _deltalake()
         return dl.CommitProperties(
             app_transactions=[dl.Transaction(app_id=query_id, version=batch_id)],
-            custom_metadata={"spark_changelog.query_id": query_id,
-                             "spark_changelog.batch_id": batch_id})
+            custom_metadata={_QUERY_ID_META: query_id, "spark_changelog.batch_id": batch_id},
+            **kwargs)
 
     def _commit_progress_only(self, dt, query_id: str, batch_id: int) -> None:
         """A commit with no data, holding only the ``txn`` action."""
@@ -309,51 +322,78 @@ class DeltaUpsertSink(UpsertSink):
 
     # ------------------------------------------------------------------ write
     def write_batch(self, changes: pd.DataFrame, *, query_id: str, batch_id: int) -> dict:
-        if not isinstance(query_id, str) or not query_id:
-            raise ValueError(f"query_id must be a non-empty string, got {query_id!r}")
-        if isinstance(batch_id, bool) or not isinstance(batch_id, (int, np.integer)) or batch_id < 0:
-            raise ValueError(f"batch_id must be an integer >= 0, got {batch_id!r}")
-        batch_id = int(batch_id)
-        result = {"batch_id": batch_id, "upserted": 0, "inserted": 0, "updated": 0, "deleted": 0,
-                  "missing_deletes": 0, "skipped_replay": False, "committed": False}
-
+        """A batch as pandas (data columns + ``_kind``/``_seq``, any order):
+        checked as pandas (errors name the frame's index label), converted to
+        the sink's Arrow schema once, then :meth:`write_arrow_batch`'s path."""
+        batch_id = _checked_ids(query_id, batch_id)
         dt = self._table()
-        last = dt.transaction_version(query_id)
-        if last is not None and batch_id <= last:
-            result["skipped_replay"] = True
-            result["table_version"] = dt.version()
-            return result
-
+        if _replayed(dt, query_id, batch_id):
+            return self._skipped(dt, batch_id)
         if len(changes) == 0:
+            return self._write(dt, self.schema.empty_table(), query_id, batch_id)
+        self._check_batch(changes, query_id, batch_id)
+        table = self._to_arrow(changes[list(self.columns)], query_id, batch_id)
+        table = table.append_column(KIND_COL, pa.array(changes[KIND_COL].to_numpy(dtype=np.int8)))
+        table = table.append_column(SEQ_COL, pa.array(changes[SEQ_COL].to_numpy(dtype=np.int64)))
+        return self._write(dt, table, query_id, batch_id)
+
+    def write_arrow_batch(self, changes: pa.Table, *, query_id: str, batch_id: int) -> dict:
+        """A batch as Arrow (the micro-batch's ``toArrow()`` with the side rows
+        split off): checked, reduced to the net change per key and committed
+        without a pandas round trip.  Errors name the row by its position."""
+        batch_id = _checked_ids(query_id, batch_id)
+        dt = self._table()
+        if _replayed(dt, query_id, batch_id):
+            return self._skipped(dt, batch_id)
+        if changes.num_rows:
+            self._check_arrow_batch(changes, query_id, batch_id)
+        return self._write(dt, changes, query_id, batch_id)
+
+    def _skipped(self, dt, batch_id: int) -> dict:
+        return {**_empty_result(batch_id), "skipped_replay": True, "table_version": dt.version()}
+
+    def _write(self, dt, changes: pa.Table, query_id: str, batch_id: int) -> dict:
+        """Net change per key, then one commit (append or MERGE) with the batch id."""
+        result = _empty_result(batch_id)
+        if changes.num_rows == 0:
             if self.commit_empty_batches:
                 self._commit_progress_only(dt, query_id, batch_id)
                 result["committed"] = True
             result["table_version"] = dt.version()
             return result
-
-        self._check_batch(changes, query_id, batch_id)
-        net = net_changes_per_key(changes[list(self.columns) + [KIND_COL, SEQ_COL]], self.key)
-        is_add = IS_ADD[net[KIND_COL].to_numpy(dtype=np.int64)]
-        source = self._to_arrow(net[list(self.columns)], query_id, batch_id)
-        source = source.append_column(pa.field(_ADD_COL, pa.bool_(), nullable=False), pa.array(is_add))
-
-        on = " AND ".join(f"t.{_quote(k)} = s.{_quote(k)}" for k in self.key)
-        add, retract = f"s.{_quote(_ADD_COL)}", f"NOT s.{_quote(_ADD_COL)}"
-        metrics = (
-            dt.merge(source, on, source_alias="s", target_alias="t",
-                     streamed_exec=self.streamed_exec, writer_properties=self.writer_properties,
-                     commit_properties=self._commit_properties(query_id, batch_id))
-            .when_matched_delete(retract)
-            .when_matched_update_all(add, except_cols=[_ADD_COL])
-            .when_not_matched_insert_all(add, except_cols=[_ADD_COL])
-            .execute())
+        kinds = changes[KIND_COL].to_numpy().astype(np.int64)
+        is_add = IS_ADD[kinds]
+        keep = last_change_per_key(arrow_key_arrays(changes, self.key),
+                                   changes[SEQ_COL].to_numpy().astype(np.int64), is_add)
+        net = self._cast(changes.select(list(self.columns)).take(keep), query_id, batch_id)
+        net_add = is_add[keep]
+        n_retract = int((~net_add).sum())
+        for _ in range(_APPEND_ATTEMPTS):
+            result["write"] = self._append_reason(dt, query_id)
+            if result["write"] is None:
+                break
+            adds = net.filter(pa.array(net_add))
+            try:
+                self._append(dt, adds, query_id, batch_id)
+            except _deltalake().exceptions.CommitFailedError:
+                # another commit landed after the version this decision read:
+                # decide again on the new version (it may now be a MERGE)
+                dt.update_incremental()
+                if _replayed(dt, query_id, batch_id):
+                    return self._skipped(dt, batch_id)
+                continue
+            result.update(committed=True, inserted=adds.num_rows, upserted=adds.num_rows,
+                          missing_deletes=n_retract, table_version=dt.version())
+            return result
+        result["write"] = "merge"
+        metrics = self._merge(dt, net.append_column(pa.field(_ADD_COL, pa.bool_(), nullable=False),
+                                                    pa.array(net_add)), query_id, batch_id)
         # delta-rs does not commit a MERGE that changes nothing: record the batch anyway
         if dt.transaction_version(query_id) == batch_id:
             result["committed"] = True
         elif self.commit_empty_batches:
             self._commit_progress_only(dt, query_id, batch_id)
             result["committed"] = True
-        n_retract = int((~is_add).sum())
         result.update(
             inserted=int(metrics["num_target_rows_inserted"]),
             updated=int(metrics["num_target_rows_updated"]),
@@ -363,6 +403,111 @@ class DeltaUpsertSink(UpsertSink):
         result["upserted"] = result["inserted"] + result["updated"]
         result["missing_deletes"] = n_retract - result["deleted"]
         return result
+
+    def _merge(self, dt, source: pa.Table, query_id: str, batch_id: int) -> dict:
+        on = " AND ".join(f"t.{_quote(k)} = s.{_quote(k)}" for k in self.key)
+        add, retract = f"s.{_quote(_ADD_COL)}", f"NOT s.{_quote(_ADD_COL)}"
+        return (
+            dt.merge(source, on, source_alias="s", target_alias="t",
+                     streamed_exec=self.streamed_exec, writer_properties=self.writer_properties,
+                     commit_properties=self._commit_properties(query_id, batch_id))
+            .when_matched_delete(retract)
+            .when_matched_update_all(add, except_cols=[_ADD_COL])
+            .when_not_matched_insert_all(add, except_cols=[_ADD_COL])
+            .execute())
+
+    # ----------------------------------------------------------------- append
+    def _append_reason(self, dt, query_id: str) -> Optional[str]:
+        """Why appending the batch's net additions is the same as the MERGE
+        at the table's current version ``dt.version()``, or ``None`` (MERGE).
+
+        * ``"append: empty table"``: the table has no data file, so no key of
+          the batch is in it: every net addition is an insert, every net
+          retraction a missing delete;
+        * ``"append: keys emitted once, only writer"``: the stream emits each
+          sink key at most once over the query's life (``keys_emitted_once``,
+          from the planner) and every commit of the table that changed rows
+          carries this query's id, so the table holds only keys this query
+          emitted before, none of which it emits again.
+
+        The append commits only on top of exactly this version
+        (:meth:`_append`), so a commit of another writer in between makes it
+        fail and the decision is taken again."""
+        if not dt.file_uris():
+            return "append: empty table"
+        if self.keys_emitted_once and self._only_writer(dt, query_id):
+            return "append: keys emitted once, only writer"
+        return None
+
+    def _only_writer(self, dt, query_id: str) -> bool:
+        """Every commit of the table that may have changed rows was made by
+        ``query_id`` (its ``spark_changelog.query_id`` in the commit info);
+        other commits may only create the table or rearrange files
+        (:data:`_NO_ROW_CHANGE_OPERATIONS`).  Checked incrementally: the commits
+        since the last check are read (the whole log on the first call); once
+        false, it stays false for the query (another writer's rows stay in the
+        table).  A log whose early commits were cleaned up cannot prove it."""
+        version = dt.version()
+        checked, only = self._writers.get(query_id, (-1, True))
+        if only and version > checked:
+            commits = dt.history(limit=version - checked) if checked >= 0 else dt.history()
+            if len(commits) < version - checked:
+                only = False
+            else:
+                only = all(c.get(_QUERY_ID_META) == query_id
+                           or c.get("operation") in _NO_ROW_CHANGE_OPERATIONS for c in commits)
+            self._writers[query_id] = (version, only)
+        return only
+
+    def _append(self, dt, adds: pa.Table, query_id: str, batch_id: int) -> None:
+        """Append ``adds`` with the batch's transaction, committed only as the
+        version right after the one read (``max_commit_retries=0``: delta-rs
+        would otherwise rebase a blind append over a concurrent commit, which
+        may have added the same keys); raises ``CommitFailedError`` if another
+        commit took that version."""
+        props = self._commit_properties(query_id, batch_id, max_commit_retries=0)
+        if adds.num_rows == 0:
+            dt.create_write_transaction(
+                [], mode="append", schema=dt.schema(),
+                partition_by=list(dt.metadata().partition_columns) or None, commit_properties=props)
+        else:
+            _deltalake().write_deltalake(
+                dt, adds, mode="append", partition_by=list(dt.metadata().partition_columns) or None,
+                writer_properties=self.writer_properties, commit_properties=props)
+        dt.update_incremental()
+
+    # ----------------------------------------------------------------- checks
+    def _check_arrow_batch(self, changes: pa.Table, query_id: str, batch_id: int) -> None:
+        """The checks of :meth:`_check_batch` on an Arrow batch (vectorized)."""
+        import pyarrow.compute as pc
+        cols = set(changes.column_names)
+        missing = [c for c in list(self.columns) + [KIND_COL, SEQ_COL] if c not in cols]
+        if missing:
+            raise ValueError(f"batch {batch_id} of query {query_id!r} lacks column(s) {missing} "
+                             f"(sink columns {list(self.columns)} plus {KIND_COL}/{SEQ_COL})")
+        extra = [c for c in changes.column_names if c not in self.columns and c not in METADATA_COLUMNS]
+        if extra:
+            raise ValueError(f"batch {batch_id} of query {query_id!r} has column(s) {extra} that are "
+                             f"not in the sink schema {list(self.columns)}")
+        kinds = changes[KIND_COL]
+        bad = pc.invert(pc.fill_null(pc.is_in(kinds, value_set=pa.array([0, 1, 2, 3], kinds.type)), False))
+        if pc.any(bad).as_py():
+            i = _first_true(bad)
+            raise ValueError(f"invalid {KIND_COL} value {kinds[i].as_py()!r} in row {i} "
+                             f"of batch {batch_id} (expected 0=+I, 1=-U, 2=+U, 3=-D)")
+        if changes[SEQ_COL].null_count:
+            i = _first_true(pc.is_null(changes[SEQ_COL]))
+            raise ValueError(f"null {SEQ_COL} in row {i} of batch {batch_id}")
+        for k in self.key:
+            n_null = changes[k].null_count
+            if n_null:
+                i = _first_true(pc.is_null(changes[k]))
+                row = changes.select(list(self.columns) + [KIND_COL, SEQ_COL]).slice(i, 1).to_pylist()[0]
+                raise ValueError(
+                    f"primary key column {k!r} is null in {n_null} row(s) of batch "
+                    f"{batch_id} (query {query_id!r}) for Delta table {self.path!r}; first one: "
+                    f"row {i} = {row}. Route rows with a null key to the "
+                    f"dead-letter output before the sink.")
 
     def _check_batch(self, changes: pd.DataFrame, query_id: str, batch_id: int) -> None:
         cols = set(changes.columns)
@@ -396,3 +541,37 @@ class DeltaUpsertSink(UpsertSink):
             raise ValueError(f"batch {batch_id} of query {query_id!r} does not convert to the sink "
                              f"schema of {self.path!r}: {e}") from e
         return table.replace_schema_metadata(None)
+
+    def _cast(self, table: pa.Table, query_id: str, batch_id: int) -> pa.Table:
+        """``table`` (the data columns) in the sink's Arrow schema; a value that
+        does not fit (overflow, truncation) is an error, never silently changed."""
+        if table.schema.remove_metadata() == self.schema.remove_metadata():
+            return table.replace_schema_metadata(None)
+        try:
+            return table.cast(self.schema, safe=True).replace_schema_metadata(None)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as e:
+            raise ValueError(f"batch {batch_id} of query {query_id!r} does not convert to the sink "
+                             f"schema of {self.path!r}: {e}") from e
+
+
+def _checked_ids(query_id, batch_id) -> int:
+    if not isinstance(query_id, str) or not query_id:
+        raise ValueError(f"query_id must be a non-empty string, got {query_id!r}")
+    if isinstance(batch_id, bool) or not isinstance(batch_id, (int, np.integer)) or batch_id < 0:
+        raise ValueError(f"batch_id must be an integer >= 0, got {batch_id!r}")
+    return int(batch_id)
+
+
+def _replayed(dt, query_id: str, batch_id: int) -> bool:
+    last = dt.transaction_version(query_id)
+    return last is not None and batch_id <= last
+
+
+def _empty_result(batch_id: int) -> dict:
+    return {"batch_id": batch_id, "upserted": 0, "inserted": 0, "updated": 0, "deleted": 0,
+            "missing_deletes": 0, "skipped_replay": False, "committed": False}
+
+
+def _first_true(mask) -> int:
+    """Position of the first true value of a boolean Arrow array."""
+    return int(np.flatnonzero(np.asarray(mask.to_numpy(zero_copy_only=False), dtype=bool))[0])
