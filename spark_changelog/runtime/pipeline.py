@@ -1,10 +1,13 @@
 """Running a changelog stream into its sinks, in batch or as a streaming query.
 
 Per micro-batch (one batch for a bounded input): the operator output is
-collected as Arrow, side rows are split off, the emitted changelog goes to
-the optional changelog sink (one file per batch id, overwritten on replay) and
-the net change per key goes to the upsert sink in one atomic commit that
-records (query id, batch id), so a batch replayed after a crash is skipped.
+collected as Arrow, side rows and changes with a null sink key are split off
+(vectorized, the batch stays Arrow), the emitted changelog goes to the
+optional changelog sink (one file per batch id, overwritten on replay) and
+the batch goes as Arrow to the upsert sink (``UpsertSink.write_arrow_batch``),
+which applies the net change per key in one atomic commit that records
+(query id, batch id), so a batch replayed after a crash is skipped
+(docs/sinks.md).
 
 Side rows (``_kind = -1``, JSON in ``_metrics``) travel with the data through
 every operator, projection and join (``runtime.spark_keyed``): operator

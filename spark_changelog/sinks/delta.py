@@ -1,16 +1,22 @@
 """Upsert table sink on Delta Lake, written with ``deltalake`` (delta-rs).
 
-One micro-batch becomes exactly one Delta commit:
+One micro-batch becomes exactly one Delta commit (docs/sinks.md):
 
-1. the batch is reduced to the net change of each primary key
-   (:func:`~spark_changelog.sinks.base.net_changes_per_key`: the last change by
-   ``_seq``, retractions before additions at equal ``_seq``);
+1. the batch (Arrow, :meth:`DeltaUpsertSink.write_arrow_batch`; a pandas
+   batch is converted once) is checked and reduced to the net change of each
+   primary key (``kernels.last_change_per_key``: the last change by ``_seq``,
+   retractions before additions at equal ``_seq``), vectorized, no pandas;
 2. one ``MERGE`` on the primary key applies it: matched + net retraction
    (``-U``/``-D``) -> delete, matched + net ADD (``+I``/``+U``) -> update all
    columns, not matched + ADD -> insert.  A retraction of a key that is not in
-   the table does nothing (it is counted as ``missing_deletes``);
+   the table does nothing (it is counted as ``missing_deletes``).  Where an
+   append of the net additions is provably the same (the table has no data
+   file; or the stream emits each key once and this query is the table's
+   only writer, ``keys_emitted_once``), the additions are appended instead,
+   committed only on top of the version the decision read (docs/sinks.md,
+   "Appends instead of MERGE");
 3. the commit carries a Delta *application transaction* (``txn`` action)
-   ``appId = query_id, version = batch_id``.  Before merging, the sink reads the
+   ``appId = query_id, version = batch_id``.  Before writing, the sink reads the
    table's last version for ``query_id`` and skips a batch whose id is ``<=``
    it (``skipped_replay``), so a batch replayed after a crash is applied once.
 
@@ -35,10 +41,10 @@ Decisions
   ``NOT NULL`` in the Delta schema (Delta enforces it, a second safety net).
 * **Null keys** raise :class:`ValueError` naming the column and the row.  The
   caller is expected to send such rows to the dead-letter output first.
-* **Typing**: the batch is converted with the sink's Arrow schema
-  (``pa.Table.from_pandas(..., schema=...)``), so a ``bigint`` column that
+* **Typing**: the batch is cast to the sink's Arrow schema (a pandas batch
+  with ``pa.Table.from_pandas(..., schema=...)``), so a ``bigint`` column that
   pandas turned into ``float64`` because of nulls is written back as ``int64``
-  (a non-integral float is an error, never silently truncated).
+  (a non-integral float or an overflow is an error, never silently changed).
 * **Performance**: ``MERGE`` runs with ``streamed_exec=False``: the batch is
   already in memory, and this lets delta-rs derive a pruning predicate from the
   batch's key range, so files whose key range the batch does not touch are
@@ -76,12 +82,8 @@ PRIMARY_KEY_PROPERTY = "spark_changelog.primary_key"
 #: ``delta.targetFileSize`` given to tables the sink creates, unless configured.
 DEFAULT_TARGET_FILE_SIZE = 32 * 1024 * 1024
 _ADD_COL = "__spark_changelog_is_add"
-#: commit-info key naming the query of a commit (its ``txn`` appId too)
+#: commit-info key naming the query of a commit (its ``txn`` appId names it too)
 _QUERY_ID_META = "spark_changelog.query_id"
-#: commit operations that change no row: creating the (empty) table,
-#: rewriting files with the same rows, table properties, vacuum
-_NO_ROW_CHANGE_OPERATIONS = frozenset({"CREATE TABLE", "OPTIMIZE", "SET TBLPROPERTIES",
-                                       "VACUUM START", "VACUUM END"})
 #: appends tried before a MERGE when other commits keep taking the next version
 _APPEND_ATTEMPTS = 3
 
@@ -196,6 +198,7 @@ class DeltaUpsertSink(UpsertSink):
         self.keys_emitted_once = keys_emitted_once
         #: query id -> (table version checked up to, only that query wrote rows)
         self._writers: dict[str, tuple[int, bool]] = {}
+        self._log_fs = None
         self.columns = tuple(self.schema.names)
         self._check_definition()
         self._dt = None
@@ -440,24 +443,42 @@ class DeltaUpsertSink(UpsertSink):
         return None
 
     def _only_writer(self, dt, query_id: str) -> bool:
-        """Every commit of the table that may have changed rows was made by
-        ``query_id`` (its ``spark_changelog.query_id`` in the commit info);
-        other commits may only create the table or rearrange files
-        (:data:`_NO_ROW_CHANGE_OPERATIONS`).  Checked incrementally: the commits
-        since the last check are read (the whole log on the first call); once
-        false, it stays false for the query (another writer's rows stay in the
-        table).  A log whose early commits were cleaned up cannot prove it."""
+        """Every commit of the table up to ``dt.version()`` that changed rows
+        (an ``add`` or ``remove`` action with ``dataChange``) carries this
+        query's transaction (a ``txn`` action with ``appId = query_id``); the
+        others only created the table, rewrote files with the same rows
+        (``OPTIMIZE``) or changed properties.  The commits are read from the
+        log by version (delta-rs' ``history()`` reads the newest commits on
+        storage, not those of the version read): all of them on the first
+        call, the new ones after.  Once false, it stays false for the query
+        (another writer's rows stay in the table); a log whose early commits
+        were cleaned up cannot prove it."""
         version = dt.version()
         checked, only = self._writers.get(query_id, (-1, True))
-        if only and version > checked:
-            commits = dt.history(limit=version - checked) if checked >= 0 else dt.history()
-            if len(commits) < version - checked:
-                only = False
-            else:
-                only = all(c.get(_QUERY_ID_META) == query_id
-                           or c.get("operation") in _NO_ROW_CHANGE_OPERATIONS for c in commits)
-            self._writers[query_id] = (version, only)
+        for v in range(checked + 1, version + 1):
+            if not only:
+                break
+            actions = self._commit_actions(v)
+            only = actions is not None and (
+                any(a.get("txn", {}).get("appId") == query_id for a in actions)
+                or not any(a.get(kind, {}).get("dataChange", True)
+                           for a in actions for kind in ("add", "remove") if kind in a))
+        self._writers[query_id] = (max(version, checked), only)
         return only
+
+    def _commit_actions(self, version: int) -> Optional[list]:
+        """The actions of the table's commit ``version`` (``None`` if its log
+        file is gone)."""
+        if self._log_fs is None:
+            import pyarrow.fs as pafs
+            from deltalake.fs import DeltaStorageHandler
+            self._log_fs = pafs.PyFileSystem(DeltaStorageHandler(self.path, self.storage_options))
+        try:
+            with self._log_fs.open_input_stream(f"_delta_log/{version:020d}.json") as f:
+                text = f.read().decode("utf-8")
+        except FileNotFoundError:
+            return None
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
 
     def _append(self, dt, adds: pa.Table, query_id: str, batch_id: int) -> None:
         """Append ``adds`` with the batch's transaction, committed only as the
