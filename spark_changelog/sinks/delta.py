@@ -376,6 +376,10 @@ class DeltaUpsertSink(UpsertSink):
             if result["write"] is None:
                 break
             adds = net.filter(pa.array(net_add))
+            if adds.num_rows == 0 and not self.commit_empty_batches:
+                # only deletes of absent keys: nothing to commit (as a MERGE)
+                result.update(missing_deletes=n_retract, table_version=dt.version())
+                return result
             try:
                 self._append(dt, adds, query_id, batch_id)
             except _deltalake().exceptions.CommitFailedError:

@@ -164,3 +164,14 @@ def test_pandas_and_arrow_batches_give_the_same_table(tmp_path):
     assert rows_of(str(tmp_path / "a")) == rows_of(str(tmp_path / "p")) == [(2, "b2")]
     assert np.array_equal(deltalake.DeltaTable(str(tmp_path / "a")).to_pyarrow_table()["id"],
                           [2])
+
+
+@pytest.mark.parametrize("commit_empty", [True, False])
+def test_only_deletes_of_absent_keys_into_an_empty_table(table, commit_empty):
+    sink = DeltaUpsertSink(table, "id", SCHEMA, commit_empty_batches=commit_empty)
+    res = sink.write_arrow_batch(batch([("-D", 1, 1, "a"), ("-U", 2, 2, "b")]), query_id="q",
+                                 batch_id=0)
+    assert res["write"] == "append: empty table" and res["missing_deletes"] == 2
+    assert res["committed"] is commit_empty
+    assert rows_of(table) == []
+    assert sink.last_batch_id("q") == (0 if commit_empty else -1)
