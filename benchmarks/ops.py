@@ -194,6 +194,7 @@ def main(argv=None) -> None:
         print("\nkeep first (insert-only input)")
         secs, rep = run("keep_first", inserts().deduplicate("k", keep="first", key_groups=kg), ["k"])
         results["keep_first"] = line(f"ours keep first ({rep.batches} batches)", args.rows, secs)
+        print(f"  ours' Delta commits: {rep.sink_writes}")
         d = os.path.join(work, "native_dropdup")
         t = time.perf_counter()
         table = os.path.join(d, "table")

@@ -191,3 +191,44 @@ def fifo_survivors(slot: np.ndarray, delta: np.ndarray) -> tuple[np.ndarray, np.
     is_add = delta > 0
     adds_to_end = grouped_cumsum(is_add[::-1].astype(np.int64), last[::-1])[::-1]
     return is_add & (adds_to_end <= final[run]), ignored
+
+
+def last_change_per_key(key_arrays: Sequence[np.ndarray], seq: np.ndarray,
+                        is_add: np.ndarray) -> np.ndarray:
+    """Positions (ascending) of each key's last change: the largest ``_seq``,
+    at equal ``_seq`` the addition (retractions sort before additions,
+    docs/semantics.md, section 1), then the later position.  ``key_arrays``:
+    one array per key column whose values are equal iff the key column is
+    (values, or codes of them); one ``lexsort``, no per-key loop."""
+    n = len(seq)
+    if not n:
+        return np.zeros(0, dtype=np.int64)
+    order = np.lexsort((np.arange(n), np.asarray(is_add, dtype=np.int8), seq)
+                       + tuple(reversed([np.asarray(a) for a in key_arrays])))
+    last = np.zeros(n, dtype=bool)
+    last[-1] = True
+    for a in key_arrays:
+        s = np.asarray(a)[order]
+        last[:-1] |= s[1:] != s[:-1]
+    return np.sort(order[last])
+
+
+def arrow_key_arrays(table, key: Sequence[str]) -> list[np.ndarray]:
+    """numpy arrays of the ``key`` columns of the Arrow ``table`` for
+    :func:`last_change_per_key`: integer and temporal columns as their values,
+    other types (strings, ...) and columns with nulls as dictionary codes
+    (equal iff the values are; nulls equal nulls)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    out = []
+    for k in key:
+        col = table[k].combine_chunks() if isinstance(table[k], pa.ChunkedArray) else table[k]
+        t = col.type
+        if col.null_count == 0 and pa.types.is_integer(t):
+            out.append(col.to_numpy())
+        elif col.null_count == 0 and pa.types.is_temporal(t) and t.bit_width in (32, 64):
+            out.append(col.view(pa.int64() if t.bit_width == 64 else pa.int32()).to_numpy())
+        else:
+            enc = pc.dictionary_encode(col, null_encoding="encode")
+            out.append(enc.indices.to_numpy(zero_copy_only=False))
+    return out

@@ -15,7 +15,7 @@ from ..runtime.spark_keyed import arrow_schema_of
 from .explain import explain_plan
 from .lower import lower
 from .nodes import Sink
-from .rules import plan_warnings
+from .rules import plan_warnings, sink_keys_emitted_once
 
 
 class PlanWarning(UserWarning):
@@ -40,7 +40,8 @@ def run_sink(sink: Sink, table, *, checkpoint: Optional[str] = None,
                          checkpoint=checkpoint, changelog_path=changelog_path,
                          changelog_format=changelog_format, dead_letter=dead_letter,
                          strict=strict, progress=progress, late_output=late_output,
-                         entry_instances=tuple(operator_instance(op) for op in low.entry))
+                         entry_instances=tuple(operator_instance(op) for op in low.entry),
+                         keys_emitted_once=sink_keys_emitted_once(sink))
     report.plan = explain_plan(sink)
     report.warnings[:0] = warns
     return report

@@ -37,8 +37,8 @@ import weakref
 from typing import Optional, Sequence
 
 from ..model import ChangelogMode
-from .nodes import (Aggregate, Deduplicate, Filter, Join, Materialize, Node, Normalize, Sink,
-                    TopN, Traits, fmt_key, source_leaves)
+from .nodes import (Aggregate, Deduplicate, Filter, Join, Materialize, Node, Normalize, Project,
+                    Sink, TopN, Traits, WatermarkAssigner, fmt_key, source_leaves)
 
 STRATEGIES = ("auto", "none", "force")
 CONFLICTS = ("deduplicate", "error", "nothing")
@@ -316,6 +316,43 @@ def state_warnings(node: Node) -> list[str]:
             "about at run time)"]
 
 
+def emitted_once_key(node: Node) -> Optional[tuple[str, ...]]:
+    """A key of ``node``'s output whose every value is emitted at most once
+    over a query's life, as an insert, or ``None``.
+
+    Keep first on processing time without a state TTL emits a key's first row
+    and never anything else for that key (its state keeps every key seen, for
+    ever); filters, watermark assigners and projections that keep the key's
+    columns one-to-one (renamed at most) pass that on.  Anything else (a
+    window, which may copy rows, a join, any operator with updates) ends it.
+    The Delta sink appends instead of merging on this promise
+    (docs/sinks.md, "Appends instead of MERGE")."""
+    if isinstance(node, Deduplicate):
+        ok = node.keep == "first" and node.order_by is None and not node.state_ttl_ms and node.key
+        return tuple(node.key) if ok else None
+    if isinstance(node, (Filter, WatermarkAssigner)):
+        return emitted_once_key(node.input)
+    if isinstance(node, Project):
+        key = emitted_once_key(node.input)
+        if key is None:
+            return None
+        carried = {}
+        for it in node.items:
+            if it.source is not None and it.injective and it.deterministic:
+                carried.setdefault(it.source, it.name)
+        return tuple(carried[c] for c in key) if all(c in carried for c in key) else None
+    return None
+
+
+def sink_keys_emitted_once(sink: Sink) -> bool:
+    """Each value of the sink key reaches the sink at most once, as an insert:
+    the input is insert-only and has a key emitted once
+    (:func:`emitted_once_key`) whose columns are all in the sink key."""
+    key = emitted_once_key(sink.input)
+    return (key is not None and sink.input.traits.mode is ChangelogMode.INSERT_ONLY
+            and set(key) <= set(sink.key))
+
+
 def plan_warnings(node: Node) -> list[str]:
     out: list[str] = []
 
@@ -328,7 +365,8 @@ def plan_warnings(node: Node) -> list[str]:
     return out
 
 
-__all__ = ["MaterializeDecision", "PlanError", "decide", "fold_micro_batches", "materialize",
+__all__ = ["MaterializeDecision", "PlanError", "decide", "emitted_once_key", "fold_micro_batches",
+           "materialize", "sink_keys_emitted_once",
            "needs_materializer",
            "order_input", "unordered_warnings", "optimize", "plan_sink",
            "nondeterminism_warnings", "plan_warnings", "state_warnings", "STRATEGIES", "CONFLICTS"]

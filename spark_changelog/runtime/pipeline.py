@@ -1,10 +1,13 @@
 """Running a changelog stream into its sinks, in batch or as a streaming query.
 
 Per micro-batch (one batch for a bounded input): the operator output is
-collected as Arrow, side rows are split off, the emitted changelog goes to
-the optional changelog sink (one file per batch id, overwritten on replay) and
-the net change per key goes to the upsert sink in one atomic commit that
-records (query id, batch id), so a batch replayed after a crash is skipped.
+collected as Arrow, side rows and changes with a null sink key are split off
+(vectorized, the batch stays Arrow), the emitted changelog goes to the
+optional changelog sink (one file per batch id, overwritten on replay) and
+the batch goes as Arrow to the upsert sink (``UpsertSink.write_arrow_batch``),
+which applies the net change per key in one atomic commit that records
+(query id, batch id), so a batch replayed after a crash is skipped
+(docs/sinks.md).
 
 Side rows (``_kind = -1``, JSON in ``_metrics``) travel with the data through
 every operator, projection and join (``runtime.spark_keyed``): operator
@@ -47,6 +50,9 @@ class RunReport:
     dead_letter: Optional[str] = None
     batches: int = 0
     replayed_batches: int = 0
+    #: how the upsert sink committed the batches (e.g. ``merge``, ``append:
+    #: empty table``; docs/sinks.md) -> number of batches
+    sink_writes: dict = dataclasses.field(default_factory=dict)
     changes_out: int = 0
     upserted: int = 0
     deleted: int = 0
@@ -162,13 +168,21 @@ def _iso_ms(ms: int) -> str:
         timespec="milliseconds")
 
 
+def split_side_rows(table: pa.Table) -> tuple[pa.Table, list[dict]]:
+    """Operator output (Arrow) -> (data rows, still Arrow, and the side-row
+    payloads); only the few side rows are decoded."""
+    if METRICS_COL not in table.column_names:
+        return table, []
+    is_metric = pc.fill_null(pc.equal(table[KIND_COL], METRICS_KIND), False)
+    if not pc.any(is_metric).as_py():
+        return table.drop_columns([METRICS_COL]), []
+    metrics = [json.loads(s) for s in table.filter(is_metric)[METRICS_COL].to_pylist()]
+    return table.filter(pc.invert(is_metric)).drop_columns([METRICS_COL]), metrics
+
+
 def split_metrics(table: pa.Table) -> tuple[pd.DataFrame, list[dict]]:
     """Operator output (Arrow) -> (data rows as pandas, side-row payloads)."""
-    if METRICS_COL not in table.column_names:
-        return table.to_pandas(), []
-    is_metric = pc.fill_null(pc.equal(table[KIND_COL], METRICS_KIND), False)
-    metrics = [json.loads(s) for s in table.filter(is_metric)[METRICS_COL].to_pylist()]
-    data = table.filter(pc.invert(is_metric)).drop_columns([METRICS_COL])
+    data, metrics = split_side_rows(table)
     return data.to_pandas(), metrics
 
 
@@ -234,12 +248,17 @@ def run_to_sink(df, table, *, key, schema: pa.Schema, checkpoint: Optional[str] 
                 changelog_path: Optional[str] = None, changelog_format: str = "parquet",
                 dead_letter: Optional[str] = None, strict: bool = False,
                 progress: Optional[Callable[[RunReport], None]] = None,
-                late_output: Optional[str] = None, entry_instances: tuple = ()) -> RunReport:
+                late_output: Optional[str] = None, entry_instances: tuple = (),
+                keys_emitted_once: bool = False) -> RunReport:
     """Run the changelog ``df`` (the lowered plan) into ``table`` keyed by ``key``.
 
     ``schema``: the data columns (Arrow) the sinks store.  The bad input and
     skipped records of every source leaf arrive in ``df`` as side rows;
     late rows of window operators go to ``late_output`` (docs/windows.md).
+    ``keys_emitted_once``: the planner proved that ``df`` is insert-only and
+    emits each value of ``key`` at most once over the query's life (keep first
+    without TTL on a key inside ``key``); a Delta table given as a path may
+    then append while this query is its only writer (docs/sinks.md).
     """
     from ..sinks.changelog import ChangelogSink
     from ..sinks.delta import DeltaUpsertSink
@@ -249,7 +268,8 @@ def run_to_sink(df, table, *, key, schema: pa.Schema, checkpoint: Optional[str] 
         raise ValueError("an upsert table needs a primary key: pass key=[...]")
     schema = pa.schema([f for f in schema if f.name not in (KIND_COL, SEQ_COL, METRICS_COL)])
     streaming = bool(df.isStreaming)
-    sink = DeltaUpsertSink(os.fspath(table), key, schema) if isinstance(table, (str, os.PathLike)) else table
+    sink = DeltaUpsertSink(os.fspath(table), key, schema, keys_emitted_once=keys_emitted_once) \
+        if isinstance(table, (str, os.PathLike)) else table
     log = ChangelogSink(changelog_path, changelog_format, key=key, schema=schema) if changelog_path else None
     report = RunReport(streaming=streaming,
                        table=os.fspath(table) if isinstance(table, (str, os.PathLike)) else None,
@@ -260,8 +280,8 @@ def run_to_sink(df, table, *, key, schema: pa.Schema, checkpoint: Optional[str] 
     table_name = os.fspath(table) if isinstance(table, (str, os.PathLike)) else type(table).__name__
 
     def handle(batch: pa.Table, batch_id: int, query_id: str) -> None:
-        from ..sinks.base import split_null_keys
-        data, payloads = split_metrics(batch)
+        from ..sinks.base import split_null_keys_arrow
+        data, payloads = split_side_rows(batch)
         side = sort_side_rows(payloads)
         report.add_metrics(side.metrics)
         _handle_late(side.metrics, report, late_output, batch_id)
@@ -283,7 +303,7 @@ def run_to_sink(df, table, *, key, schema: pa.Schema, checkpoint: Optional[str] 
         report.ignored_skipped += side.skipped.get("ignored", 0)
         # a change whose sink key is null cannot be applied: dead letter (or stop),
         # before anything of the batch is written
-        data, rejects = split_null_keys(data, key, table_name)
+        data, rejects = split_null_keys_arrow(data, key, table_name)
         if len(rejects):
             if strict or dead_letter is None:
                 first = rejects.iloc[0]
@@ -295,8 +315,8 @@ def run_to_sink(df, table, *, key, schema: pa.Schema, checkpoint: Optional[str] 
             report.invalid += len(rejects)
             report.counters["null_sink_key"] = report.counters.get("null_sink_key", 0) + len(rejects)
         if log is not None:
-            log.write_batch(data, batch_id=batch_id, query_id=query_id)
-        result = sink.write_batch(data, query_id=query_id, batch_id=batch_id)
+            log.write_batch(data.to_pandas(), batch_id=batch_id, query_id=query_id)
+        result = sink.write_arrow_batch(data, query_id=query_id, batch_id=batch_id)
         report.batches += 1
         if result.get("skipped_replay"):
             report.replayed_batches += 1
@@ -304,6 +324,8 @@ def run_to_sink(df, table, *, key, schema: pa.Schema, checkpoint: Optional[str] 
             report.changes_out += len(data)
             report.upserted += int(result.get("upserted", 0))
             report.deleted += int(result.get("deleted", 0))
+            if result.get("write"):
+                report.sink_writes[result["write"]] = report.sink_writes.get(result["write"], 0) + 1
         if progress:
             progress(report)
 

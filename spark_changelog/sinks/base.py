@@ -13,9 +13,12 @@ from typing import Sequence
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from ..model import KIND_COL, SEQ_COL
 from ..model.rowkind import IS_ADD
+from ..operators.kernels import last_change_per_key
 
 
 def net_changes_per_key(changes: pd.DataFrame, key: Sequence[str]) -> pd.DataFrame:
@@ -23,7 +26,7 @@ def net_changes_per_key(changes: pd.DataFrame, key: Sequence[str]) -> pd.DataFra
     at equal ``_seq``, model.schema).  Rows with ``_kind`` -D/-U mean "delete the
     key", +I/+U mean "the key's row is now this".
 
-    Vectorized: factorize the key, one ``lexsort``, keep each key's last row.
+    Vectorized: factorize the key, then :func:`~spark_changelog.operators.kernels.last_change_per_key`.
     """
     if changes.empty:
         return changes
@@ -32,13 +35,7 @@ def net_changes_per_key(changes: pd.DataFrame, key: Sequence[str]) -> pd.DataFra
     else:
         codes = pd.MultiIndex.from_frame(changes[list(key)]).factorize()[0]
     kinds = changes[KIND_COL].to_numpy(dtype=np.int64)
-    add = IS_ADD[kinds].astype(np.int8)                 # at equal seq, the ADD sorts last
-    seq = changes[SEQ_COL].to_numpy(dtype=np.int64)
-    order = np.lexsort((np.arange(len(changes)), add, seq, codes))
-    sorted_codes = codes[order]
-    last = np.ones(len(order), dtype=bool)
-    last[:-1] = sorted_codes[1:] != sorted_codes[:-1]
-    keep = np.sort(order[last])                          # keep the input's row order
+    keep = last_change_per_key([codes], changes[SEQ_COL].to_numpy(dtype=np.int64), IS_ADD[kinds])
     return changes.iloc[keep].reset_index(drop=True)
 
 
@@ -71,6 +68,20 @@ def split_null_keys(changes: pd.DataFrame, key: Sequence[str], table: str
     return changes[~bad].reset_index(drop=True), rejects
 
 
+def split_null_keys_arrow(changes: pa.Table, key: Sequence[str], table: str
+                          ) -> tuple[pa.Table, pd.DataFrame]:
+    """:func:`split_null_keys` on an Arrow batch: the null test is vectorized
+    in Arrow; only the rejected rows (few) go through pandas for their
+    dead-letter records."""
+    if changes.num_rows == 0 or not any(changes[k].null_count for k in key):
+        return changes, pd.DataFrame(columns=["raw", "file", "line", "reason"])
+    bad = pc.is_null(changes[key[0]])
+    for k in key[1:]:
+        bad = pc.or_(bad, pc.is_null(changes[k]))
+    _, rejects = split_null_keys(changes.filter(bad).to_pandas(), key, table)
+    return changes.filter(pc.invert(bad)), rejects
+
+
 def _json_value(v):
     if v is None or (isinstance(v, float) and np.isnan(v)) or v is pd.NaT or v is pd.NA:
         return None
@@ -99,6 +110,12 @@ class UpsertSink(abc.ABC):
         """Apply one micro-batch of changes (data columns + ``_kind``/``_seq``, any
         order).  Returns counts: ``{"upserted": n, "deleted": n, "skipped_replay": bool}``.
         Must be atomic: a reader sees all of the batch or none of it."""
+
+    def write_arrow_batch(self, changes: pa.Table, *, query_id: str, batch_id: int) -> dict:
+        """:meth:`write_batch` for a batch as Arrow (what the runtime hands
+        over).  This default converts it to pandas; a sink that can apply
+        Arrow directly (the Delta sink) overrides it."""
+        return self.write_batch(changes.to_pandas(), query_id=query_id, batch_id=batch_id)
 
     @abc.abstractmethod
     def last_batch_id(self, query_id: str) -> int:

@@ -1,16 +1,22 @@
 """Upsert table sink on Delta Lake, written with ``deltalake`` (delta-rs).
 
-One micro-batch becomes exactly one Delta commit:
+One micro-batch becomes exactly one Delta commit (docs/sinks.md):
 
-1. the batch is reduced to the net change of each primary key
-   (:func:`~spark_changelog.sinks.base.net_changes_per_key`: the last change by
-   ``_seq``, retractions before additions at equal ``_seq``);
+1. the batch (Arrow, :meth:`DeltaUpsertSink.write_arrow_batch`; a pandas
+   batch is converted once) is checked and reduced to the net change of each
+   primary key (``kernels.last_change_per_key``: the last change by ``_seq``,
+   retractions before additions at equal ``_seq``), vectorized, no pandas;
 2. one ``MERGE`` on the primary key applies it: matched + net retraction
    (``-U``/``-D``) -> delete, matched + net ADD (``+I``/``+U``) -> update all
    columns, not matched + ADD -> insert.  A retraction of a key that is not in
-   the table does nothing (it is counted as ``missing_deletes``);
+   the table does nothing (it is counted as ``missing_deletes``).  Where an
+   append of the net additions is provably the same (the table has no data
+   file; or the stream emits each key once and this query is the table's
+   only writer, ``keys_emitted_once``), the additions are appended instead,
+   committed only on top of the version the decision read (docs/sinks.md,
+   "Appends instead of MERGE");
 3. the commit carries a Delta *application transaction* (``txn`` action)
-   ``appId = query_id, version = batch_id``.  Before merging, the sink reads the
+   ``appId = query_id, version = batch_id``.  Before writing, the sink reads the
    table's last version for ``query_id`` and skips a batch whose id is ``<=``
    it (``skipped_replay``), so a batch replayed after a crash is applied once.
 
@@ -35,10 +41,10 @@ Decisions
   ``NOT NULL`` in the Delta schema (Delta enforces it, a second safety net).
 * **Null keys** raise :class:`ValueError` naming the column and the row.  The
   caller is expected to send such rows to the dead-letter output first.
-* **Typing**: the batch is converted with the sink's Arrow schema
-  (``pa.Table.from_pandas(..., schema=...)``), so a ``bigint`` column that
+* **Typing**: the batch is cast to the sink's Arrow schema (a pandas batch
+  with ``pa.Table.from_pandas(..., schema=...)``), so a ``bigint`` column that
   pandas turned into ``float64`` because of nulls is written back as ``int64``
-  (a non-integral float is an error, never silently truncated).
+  (a non-integral float or an overflow is an error, never silently changed).
 * **Performance**: ``MERGE`` runs with ``streamed_exec=False``: the batch is
   already in memory, and this lets delta-rs derive a pruning predicate from the
   batch's key range, so files whose key range the batch does not touch are
@@ -69,12 +75,17 @@ import pyarrow as pa
 
 from ..model import KIND_COL, METADATA_COLUMNS, SEQ_COL, as_key
 from ..model.rowkind import IS_ADD
-from .base import UpsertSink, net_changes_per_key, check_kinds
+from ..operators.kernels import arrow_key_arrays, last_change_per_key
+from .base import UpsertSink, check_kinds
 
 PRIMARY_KEY_PROPERTY = "spark_changelog.primary_key"
 #: ``delta.targetFileSize`` given to tables the sink creates, unless configured.
 DEFAULT_TARGET_FILE_SIZE = 32 * 1024 * 1024
 _ADD_COL = "__spark_changelog_is_add"
+#: commit-info key naming the query of a commit (its ``txn`` appId names it too)
+_QUERY_ID_META = "spark_changelog.query_id"
+#: appends tried before a MERGE when other commits keep taking the next version
+_APPEND_ATTEMPTS = 3
 
 __all__ = ["DeltaUpsertSink", "DeltaSinkSchemaError", "PRIMARY_KEY_PROPERTY", "read_table",
            "table_key"]
@@ -172,6 +183,7 @@ class DeltaUpsertSink(UpsertSink):
         writer_properties: Any = None,
         streamed_exec: bool = False,
         adopt_existing: bool = False,
+        keys_emitted_once: bool = False,
     ) -> None:
         self.path = os.fspath(path)
         self.key = as_key(key)
@@ -183,6 +195,10 @@ class DeltaUpsertSink(UpsertSink):
         self.writer_properties = writer_properties
         self.streamed_exec = streamed_exec
         self.adopt_existing = adopt_existing
+        self.keys_emitted_once = keys_emitted_once
+        #: query id -> (table version checked up to, only that query wrote rows)
+        self._writers: dict[str, tuple[int, bool]] = {}
+        self._log_fs = None
         self.columns = tuple(self.schema.names)
         self._check_definition()
         self._dt = None
@@ -292,12 +308,12 @@ class DeltaUpsertSink(UpsertSink):
         version = self._table().transaction_version(query_id)
         return -1 if version is None else int(version)
 
-    def _commit_properties(self, query_id: str, batch_id: int):
+    def _commit_properties(self, query_id: str, batch_id: int, **kwargs):
         dl = _deltalake()
         return dl.CommitProperties(
             app_transactions=[dl.Transaction(app_id=query_id, version=batch_id)],
-            custom_metadata={"spark_changelog.query_id": query_id,
-                             "spark_changelog.batch_id": batch_id})
+            custom_metadata={_QUERY_ID_META: query_id, "spark_changelog.batch_id": batch_id},
+            **kwargs)
 
     def _commit_progress_only(self, dt, query_id: str, batch_id: int) -> None:
         """A commit with no data, holding only the ``txn`` action."""
@@ -309,51 +325,82 @@ class DeltaUpsertSink(UpsertSink):
 
     # ------------------------------------------------------------------ write
     def write_batch(self, changes: pd.DataFrame, *, query_id: str, batch_id: int) -> dict:
-        if not isinstance(query_id, str) or not query_id:
-            raise ValueError(f"query_id must be a non-empty string, got {query_id!r}")
-        if isinstance(batch_id, bool) or not isinstance(batch_id, (int, np.integer)) or batch_id < 0:
-            raise ValueError(f"batch_id must be an integer >= 0, got {batch_id!r}")
-        batch_id = int(batch_id)
-        result = {"batch_id": batch_id, "upserted": 0, "inserted": 0, "updated": 0, "deleted": 0,
-                  "missing_deletes": 0, "skipped_replay": False, "committed": False}
-
+        """A batch as pandas (data columns + ``_kind``/``_seq``, any order):
+        checked as pandas (errors name the frame's index label), converted to
+        the sink's Arrow schema once, then :meth:`write_arrow_batch`'s path."""
+        batch_id = _checked_ids(query_id, batch_id)
         dt = self._table()
-        last = dt.transaction_version(query_id)
-        if last is not None and batch_id <= last:
-            result["skipped_replay"] = True
-            result["table_version"] = dt.version()
-            return result
-
+        if _replayed(dt, query_id, batch_id):
+            return self._skipped(dt, batch_id)
         if len(changes) == 0:
+            return self._write(dt, self.schema.empty_table(), query_id, batch_id)
+        self._check_batch(changes, query_id, batch_id)
+        table = self._to_arrow(changes[list(self.columns)], query_id, batch_id)
+        table = table.append_column(KIND_COL, pa.array(changes[KIND_COL].to_numpy(dtype=np.int8)))
+        table = table.append_column(SEQ_COL, pa.array(changes[SEQ_COL].to_numpy(dtype=np.int64)))
+        return self._write(dt, table, query_id, batch_id)
+
+    def write_arrow_batch(self, changes: pa.Table, *, query_id: str, batch_id: int) -> dict:
+        """A batch as Arrow (the micro-batch's ``toArrow()`` with the side rows
+        split off): checked, reduced to the net change per key and committed
+        without a pandas round trip.  Errors name the row by its position."""
+        batch_id = _checked_ids(query_id, batch_id)
+        dt = self._table()
+        if _replayed(dt, query_id, batch_id):
+            return self._skipped(dt, batch_id)
+        if changes.num_rows:
+            self._check_arrow_batch(changes, query_id, batch_id)
+        return self._write(dt, changes, query_id, batch_id)
+
+    def _skipped(self, dt, batch_id: int) -> dict:
+        return {**_empty_result(batch_id), "skipped_replay": True, "table_version": dt.version()}
+
+    def _write(self, dt, changes: pa.Table, query_id: str, batch_id: int) -> dict:
+        """Net change per key, then one commit (append or MERGE) with the batch id."""
+        result = _empty_result(batch_id)
+        if changes.num_rows == 0:
             if self.commit_empty_batches:
                 self._commit_progress_only(dt, query_id, batch_id)
                 result["committed"] = True
             result["table_version"] = dt.version()
             return result
-
-        self._check_batch(changes, query_id, batch_id)
-        net = net_changes_per_key(changes[list(self.columns) + [KIND_COL, SEQ_COL]], self.key)
-        is_add = IS_ADD[net[KIND_COL].to_numpy(dtype=np.int64)]
-        source = self._to_arrow(net[list(self.columns)], query_id, batch_id)
-        source = source.append_column(pa.field(_ADD_COL, pa.bool_(), nullable=False), pa.array(is_add))
-
-        on = " AND ".join(f"t.{_quote(k)} = s.{_quote(k)}" for k in self.key)
-        add, retract = f"s.{_quote(_ADD_COL)}", f"NOT s.{_quote(_ADD_COL)}"
-        metrics = (
-            dt.merge(source, on, source_alias="s", target_alias="t",
-                     streamed_exec=self.streamed_exec, writer_properties=self.writer_properties,
-                     commit_properties=self._commit_properties(query_id, batch_id))
-            .when_matched_delete(retract)
-            .when_matched_update_all(add, except_cols=[_ADD_COL])
-            .when_not_matched_insert_all(add, except_cols=[_ADD_COL])
-            .execute())
+        kinds = changes[KIND_COL].to_numpy().astype(np.int64)
+        is_add = IS_ADD[kinds]
+        keep = last_change_per_key(arrow_key_arrays(changes, self.key),
+                                   changes[SEQ_COL].to_numpy().astype(np.int64), is_add)
+        net = self._cast(changes.select(list(self.columns)).take(keep), query_id, batch_id)
+        net_add = is_add[keep]
+        n_retract = int((~net_add).sum())
+        for _ in range(_APPEND_ATTEMPTS):
+            result["write"] = self._append_reason(dt, query_id)
+            if result["write"] is None:
+                break
+            adds = net.filter(pa.array(net_add))
+            if adds.num_rows == 0 and not self.commit_empty_batches:
+                # only deletes of absent keys: nothing to commit (as a MERGE)
+                result.update(missing_deletes=n_retract, table_version=dt.version())
+                return result
+            try:
+                self._append(dt, adds, query_id, batch_id)
+            except _deltalake().exceptions.CommitFailedError:
+                # another commit landed after the version this decision read:
+                # decide again on the new version (it may now be a MERGE)
+                dt.update_incremental()
+                if _replayed(dt, query_id, batch_id):
+                    return self._skipped(dt, batch_id)
+                continue
+            result.update(committed=True, inserted=adds.num_rows, upserted=adds.num_rows,
+                          missing_deletes=n_retract, table_version=dt.version())
+            return result
+        result["write"] = "merge"
+        metrics = self._merge(dt, net.append_column(pa.field(_ADD_COL, pa.bool_(), nullable=False),
+                                                    pa.array(net_add)), query_id, batch_id)
         # delta-rs does not commit a MERGE that changes nothing: record the batch anyway
         if dt.transaction_version(query_id) == batch_id:
             result["committed"] = True
         elif self.commit_empty_batches:
             self._commit_progress_only(dt, query_id, batch_id)
             result["committed"] = True
-        n_retract = int((~is_add).sum())
         result.update(
             inserted=int(metrics["num_target_rows_inserted"]),
             updated=int(metrics["num_target_rows_updated"]),
@@ -363,6 +410,129 @@ class DeltaUpsertSink(UpsertSink):
         result["upserted"] = result["inserted"] + result["updated"]
         result["missing_deletes"] = n_retract - result["deleted"]
         return result
+
+    def _merge(self, dt, source: pa.Table, query_id: str, batch_id: int) -> dict:
+        on = " AND ".join(f"t.{_quote(k)} = s.{_quote(k)}" for k in self.key)
+        add, retract = f"s.{_quote(_ADD_COL)}", f"NOT s.{_quote(_ADD_COL)}"
+        return (
+            dt.merge(source, on, source_alias="s", target_alias="t",
+                     streamed_exec=self.streamed_exec, writer_properties=self.writer_properties,
+                     commit_properties=self._commit_properties(query_id, batch_id))
+            .when_matched_delete(retract)
+            .when_matched_update_all(add, except_cols=[_ADD_COL])
+            .when_not_matched_insert_all(add, except_cols=[_ADD_COL])
+            .execute())
+
+    # ----------------------------------------------------------------- append
+    def _append_reason(self, dt, query_id: str) -> Optional[str]:
+        """Why appending the batch's net additions is the same as the MERGE
+        at the table's current version ``dt.version()``, or ``None`` (MERGE).
+
+        * ``"append: empty table"``: the table has no data file, so no key of
+          the batch is in it: every net addition is an insert, every net
+          retraction a missing delete;
+        * ``"append: keys emitted once, only writer"``: the stream emits each
+          sink key at most once over the query's life (``keys_emitted_once``,
+          from the planner) and every commit of the table that changed rows
+          carries this query's id, so the table holds only keys this query
+          emitted before, none of which it emits again.
+
+        The append commits only on top of exactly this version
+        (:meth:`_append`), so a commit of another writer in between makes it
+        fail and the decision is taken again."""
+        if not dt.file_uris():
+            return "append: empty table"
+        if self.keys_emitted_once and self._only_writer(dt, query_id):
+            return "append: keys emitted once, only writer"
+        return None
+
+    def _only_writer(self, dt, query_id: str) -> bool:
+        """Every commit of the table up to ``dt.version()`` that changed rows
+        (an ``add`` or ``remove`` action with ``dataChange``) carries this
+        query's transaction (a ``txn`` action with ``appId = query_id``); the
+        others only created the table, rewrote files with the same rows
+        (``OPTIMIZE``) or changed properties.  The commits are read from the
+        log by version (delta-rs' ``history()`` reads the newest commits on
+        storage, not those of the version read): all of them on the first
+        call, the new ones after.  Once false, it stays false for the query
+        (another writer's rows stay in the table); a log whose early commits
+        were cleaned up cannot prove it."""
+        version = dt.version()
+        checked, only = self._writers.get(query_id, (-1, True))
+        for v in range(checked + 1, version + 1):
+            if not only:
+                break
+            actions = self._commit_actions(v)
+            only = actions is not None and (
+                any(a.get("txn", {}).get("appId") == query_id for a in actions)
+                or not any(a.get(kind, {}).get("dataChange", True)
+                           for a in actions for kind in ("add", "remove") if kind in a))
+        self._writers[query_id] = (max(version, checked), only)
+        return only
+
+    def _commit_actions(self, version: int) -> Optional[list]:
+        """The actions of the table's commit ``version`` (``None`` if its log
+        file is gone)."""
+        if self._log_fs is None:
+            import pyarrow.fs as pafs
+            from deltalake.fs import DeltaStorageHandler
+            self._log_fs = pafs.PyFileSystem(DeltaStorageHandler(self.path, self.storage_options))
+        try:
+            with self._log_fs.open_input_stream(f"_delta_log/{version:020d}.json") as f:
+                text = f.read().decode("utf-8")
+        except FileNotFoundError:
+            return None
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+    def _append(self, dt, adds: pa.Table, query_id: str, batch_id: int) -> None:
+        """Append ``adds`` with the batch's transaction, committed only as the
+        version right after the one read (``max_commit_retries=0``: delta-rs
+        would otherwise rebase a blind append over a concurrent commit, which
+        may have added the same keys); raises ``CommitFailedError`` if another
+        commit took that version."""
+        props = self._commit_properties(query_id, batch_id, max_commit_retries=0)
+        if adds.num_rows == 0:
+            dt.create_write_transaction(
+                [], mode="append", schema=dt.schema(),
+                partition_by=list(dt.metadata().partition_columns) or None, commit_properties=props)
+        else:
+            _deltalake().write_deltalake(
+                dt, adds, mode="append", partition_by=list(dt.metadata().partition_columns) or None,
+                writer_properties=self.writer_properties, commit_properties=props)
+        dt.update_incremental()
+
+    # ----------------------------------------------------------------- checks
+    def _check_arrow_batch(self, changes: pa.Table, query_id: str, batch_id: int) -> None:
+        """The checks of :meth:`_check_batch` on an Arrow batch (vectorized)."""
+        import pyarrow.compute as pc
+        cols = set(changes.column_names)
+        missing = [c for c in list(self.columns) + [KIND_COL, SEQ_COL] if c not in cols]
+        if missing:
+            raise ValueError(f"batch {batch_id} of query {query_id!r} lacks column(s) {missing} "
+                             f"(sink columns {list(self.columns)} plus {KIND_COL}/{SEQ_COL})")
+        extra = [c for c in changes.column_names if c not in self.columns and c not in METADATA_COLUMNS]
+        if extra:
+            raise ValueError(f"batch {batch_id} of query {query_id!r} has column(s) {extra} that are "
+                             f"not in the sink schema {list(self.columns)}")
+        kinds = changes[KIND_COL]
+        bad = pc.invert(pc.fill_null(pc.is_in(kinds, value_set=pa.array([0, 1, 2, 3], kinds.type)), False))
+        if pc.any(bad).as_py():
+            i = _first_true(bad)
+            raise ValueError(f"invalid {KIND_COL} value {kinds[i].as_py()!r} in row {i} "
+                             f"of batch {batch_id} (expected 0=+I, 1=-U, 2=+U, 3=-D)")
+        if changes[SEQ_COL].null_count:
+            i = _first_true(pc.is_null(changes[SEQ_COL]))
+            raise ValueError(f"null {SEQ_COL} in row {i} of batch {batch_id}")
+        for k in self.key:
+            n_null = changes[k].null_count
+            if n_null:
+                i = _first_true(pc.is_null(changes[k]))
+                row = changes.select(list(self.columns) + [KIND_COL, SEQ_COL]).slice(i, 1).to_pylist()[0]
+                raise ValueError(
+                    f"primary key column {k!r} is null in {n_null} row(s) of batch "
+                    f"{batch_id} (query {query_id!r}) for Delta table {self.path!r}; first one: "
+                    f"row {i} = {row}. Route rows with a null key to the "
+                    f"dead-letter output before the sink.")
 
     def _check_batch(self, changes: pd.DataFrame, query_id: str, batch_id: int) -> None:
         cols = set(changes.columns)
@@ -396,3 +566,37 @@ class DeltaUpsertSink(UpsertSink):
             raise ValueError(f"batch {batch_id} of query {query_id!r} does not convert to the sink "
                              f"schema of {self.path!r}: {e}") from e
         return table.replace_schema_metadata(None)
+
+    def _cast(self, table: pa.Table, query_id: str, batch_id: int) -> pa.Table:
+        """``table`` (the data columns) in the sink's Arrow schema; a value that
+        does not fit (overflow, truncation) is an error, never silently changed."""
+        if table.schema.remove_metadata() == self.schema.remove_metadata():
+            return table.replace_schema_metadata(None)
+        try:
+            return table.cast(self.schema, safe=True).replace_schema_metadata(None)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as e:
+            raise ValueError(f"batch {batch_id} of query {query_id!r} does not convert to the sink "
+                             f"schema of {self.path!r}: {e}") from e
+
+
+def _checked_ids(query_id, batch_id) -> int:
+    if not isinstance(query_id, str) or not query_id:
+        raise ValueError(f"query_id must be a non-empty string, got {query_id!r}")
+    if isinstance(batch_id, bool) or not isinstance(batch_id, (int, np.integer)) or batch_id < 0:
+        raise ValueError(f"batch_id must be an integer >= 0, got {batch_id!r}")
+    return int(batch_id)
+
+
+def _replayed(dt, query_id: str, batch_id: int) -> bool:
+    last = dt.transaction_version(query_id)
+    return last is not None and batch_id <= last
+
+
+def _empty_result(batch_id: int) -> dict:
+    return {"batch_id": batch_id, "upserted": 0, "inserted": 0, "updated": 0, "deleted": 0,
+            "missing_deletes": 0, "skipped_replay": False, "committed": False}
+
+
+def _first_true(mask) -> int:
+    """Position of the first true value of a boolean Arrow array."""
+    return int(np.flatnonzero(np.asarray(mask.to_numpy(zero_copy_only=False), dtype=bool))[0])

@@ -25,7 +25,7 @@ ALLOWED = {
     "model": set(),
     "operators": {"model"},
     "connectors": {"model", "operators"},
-    "sinks": {"model", "connectors"},
+    "sinks": {"model", "operators", "connectors"},
     "runtime": {"model", "operators", "connectors", "sinks"},
     "plan": {"model"},
     "plan.lower": {"model", "plan", "operators", "connectors", "sinks", "runtime"},

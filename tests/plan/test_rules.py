@@ -132,3 +132,27 @@ def test_state_warning_names_every_stateful_node_without_ttl_in_streaming_plans(
     # bounded inputs keep no state across runs: nothing to warn about
     assert "WARNING: the state of" not in explain_plan(plan_sink(Join(S1, S2, ("level",), ("id",)),
                                                                  ("level",), table="t"))
+
+
+# ------------------------------------------------- sink keys emitted once (Delta appends)
+def _keep_first(**kw):
+    from spark_changelog.plan.nodes import Deduplicate
+    src = Source("s", ("k", "g", "v"), (), I, streaming=True)
+    return Deduplicate(src, ("k",), **kw)
+
+
+@pytest.mark.parametrize("node, sink_key, once", [
+    (_keep_first(), ("k",), True),
+    (_keep_first(), ("k", "g"), True),                      # the sink key contains the dedup key
+    (_keep_first(), ("g",), False),                         # another key: a MERGE decides
+    (_keep_first(state_ttl_ms=1000), ("k",), False),        # a TTL forgets keys: emitted again
+    (_keep_first(keep="last"), ("k",), False),              # updates
+    (_keep_first(order_by="v"), ("k",), False),             # event time: not claimed
+    (Filter(_keep_first(), parse("v > 1"), "v > 1"), ("k",), True),
+    (Project(_keep_first(), (ProjectItem.ref("id", "k"), ProjectItem.ref("v"))), ("id",), True),
+    (Project(_keep_first(), (ProjectItem.ref("v"),)), ("v",), False),   # the key is gone
+])
+def test_sink_keys_emitted_once(node, sink_key, once):
+    from spark_changelog.plan.rules import sink_keys_emitted_once
+    sink = plan_sink(node, sink_key, table="t")
+    assert sink_keys_emitted_once(sink) is once

@@ -89,12 +89,18 @@ def test_counts_reported(table):
 
 def test_merge_is_single_commit_with_app_transaction(table):
     sink = DeltaUpsertSink(table, ["id"], SCHEMA)
-    sink.write_batch(changes(SCENARIO[0][1]), query_id="query-A", batch_id=7)
+    res = sink.write_batch(changes(SCENARIO[0][1]), query_id="query-A", batch_id=7)
     dt = deltalake.DeltaTable(table)
     assert dt.transaction_version("query-A") == 7
-    last = dt.history(1)[0]
-    assert last["operation"] == "MERGE"
-    assert dt.version() == 1  # create + one MERGE
+    # into the empty table the net additions are appended (the same as a MERGE there)
+    assert res["write"] == "append: empty table"
+    assert dt.history(1)[0]["operation"] == "WRITE"
+    assert dt.version() == 1  # create + one append
+    res = sink.write_batch(changes(SCENARIO[1][1]), query_id="query-A", batch_id=8)
+    dt.update_incremental()
+    assert res["write"] == "merge" and dt.history(1)[0]["operation"] == "MERGE"
+    assert dt.transaction_version("query-A") == 8
+    assert dt.version() == 2  # one commit per batch
 
 
 def test_replayed_batch_is_skipped(table):
