@@ -65,16 +65,14 @@ def position_inputs(env: Sql) -> dict[str, Sql]:
     }
 
 
-def position(prefix: str = "") -> tuple[Sql, Sql]:
+def position() -> tuple[Sql, Sql]:
     """(position, range error) from the :func:`position_inputs` columns (``cdc_json`` table)."""
-    c = lambda name: prefix + name  # noqa: E731
     return C.choose_position(
         [
-            (f"{c('_lsn')} IS NOT NULL", C.pack_position([(c("_lsn"), C.LSN_BITS, "source.lsn")])),
-            (c("_has_binlog"), C.pack_position([(c("_binlog_no"), C.BINLOG_FILE_BITS, "source.file"),
-                                                (c("_binlog_offset"), C.BINLOG_OFFSET_BITS, "source.pos")])),
-            (f"{c('_ts')} IS NOT NULL", C.pack_position([(c("_ts"), C.TS_MS_BITS, "ts_ms"),
-                                                         ("line", C.TS_LINE_BITS, None)])),
+            ("_lsn IS NOT NULL", C.pack_position([("_lsn", C.LSN_BITS, "source.lsn")])),
+            ("_has_binlog", C.pack_position([("_binlog_no", C.BINLOG_FILE_BITS, "source.file"),
+                                             ("_binlog_offset", C.BINLOG_OFFSET_BITS, "source.pos")])),
+            ("_ts IS NOT NULL", C.pack_position([("_ts", C.TS_MS_BITS, "ts_ms"), ("line", C.TS_LINE_BITS, None)])),
         ],
         C.fallback_position(),
     )
@@ -89,68 +87,22 @@ def arrow_parser(schema, key):
     return DebeziumArrowParser([(f.name, f.dataType.simpleString()) for f in schema.fields], key)
 
 
-def fast_columns(df: DataFrame, schema, key, parsed: bool) -> DataFrame:
-    """``_fast`` marks lines whose every check passes on the envelope the line
-    task parsed (``_j_*``, :mod:`debezium_arrow`), with ``_f_op``/``_f_before``/
-    ``_f_after``/``_f_pos`` their values.
-
-    A line is fast when Arrow parsed it (strictly typed: no conversion at all),
-    it is a plain or ``schemas.enable`` envelope, has op c/r/u/d with the
-    images that op needs, no null key column and an encodable position.
-    Everything else (malformed or wrong-typed input, tombstones, control
-    records, strings holding numbers, repeated keys) takes the VARIANT path of
-    :func:`parse`, which states the reason: both give the same rows for a fast
-    line, the fast path is only quicker.  The line task leaves ``raw`` NULL
-    only on lines it found fast by the same rules; should Spark disagree, the
-    query fails rather than lose the line.
-
-    ``parsed`` False (a schema with a column outside :data:`FAST_TYPES`, whose
-    values Arrow would convert differently): no line is fast.
-    """
-    image = "struct<" + ", ".join(f"{C.ident(f.name)}: {f.dataType.simpleString()}" for f in schema.fields) + ">"
-    if not parsed:
-        return C.stage(df, _fast="false", _f_op="CAST(NULL AS STRING)", _f_before=f"CAST(NULL AS {image})",
-                       _f_after=f"CAST(NULL AS {image})", _f_pos="CAST(NULL AS BIGINT)")
-    suffix, ends_in_digit = C.lit(r"(\d+)$"), C.lit(r"\d$")
-    df = C.stage(
-        df,
-        _f_op="_j_op", _f_before="_j_before", _f_after="_j_after",
-        _f__lsn="_j_lsn",
-        _f__binlog_no=C.digits_number(f"regexp_extract(_j_file, {suffix}, 1)"),
-        _f__has_binlog=C.all_of(f"coalesce(_j_file, '') RLIKE {ends_in_digit}", "_j_spos IS NOT NULL"),
-        _f__binlog_offset="try_add(_j_spos, coalesce(_j_row, 0))",
-        _f__ts="_j_ts",
-    )
-    pos, pos_err = position("_f_")
-
-    def key_present(image_col: str) -> Sql:
-        return C.all_of(f"{image_col} IS NOT NULL", *[f"{C.struct_field(image_col, k)} IS NOT NULL" for k in key])
-
-    images_ok = when(
-        ("_f_op IN ('c', 'r')", key_present("_f_after")),
-        ("_f_op = 'u'", C.all_of(key_present("_f_after"), key_present("_f_before"))),
-        ("_f_op = 'd'", key_present("_f_before")),
-        otherwise="false")
-    fast = f"coalesce(_j_ok AND {images_ok} AND {pos_err} IS NULL, false)"
-    lost = C.concat(lit("internal error: the line task left out the text of line "), "CAST(line AS STRING)",
-                    lit(" of "), "file", lit(", which the fast path rejects"))
-    return C.stage(df, _f_pos=pos,
-                   _fast=f"CASE WHEN {fast} THEN true WHEN raw IS NULL THEN CAST(raise_error({lost}) AS BOOLEAN) "
-                         "ELSE false END")
-
-
 def parse(ctx: C.ReadContext) -> DataFrame:
     """Per-line frame for :func:`cdc_json.finish`, built in a few named projections.
 
-    Lines :func:`fast_columns` accepts take its values; the others are parsed
-    into a VARIANT and checked field by field (every column staged below
-    is NULL for fast lines, so the variant path costs nothing there)."""
+    The line task (:func:`arrow_parser`) has already turned the lines it could
+    decide into their finished change rows (``raw`` NULL, values in ``_j_*``):
+    each passes through as a one-element ``_changes``.  Every other line is
+    parsed into a VARIANT and checked field by field (every column staged
+    below is NULL for the finished rows, so the variant path costs them only
+    its NULL checks)."""
     cols, key, schema = ctx.columns, ctx.primary_key, ctx.schema
     parser = arrow_parser(schema, key)
-    df = fast_columns(C.read_lines(ctx, parser=parser), schema, key, parsed=parser is not None)
+    df = C.read_lines(ctx, parser=parser)
+    fast = "raw IS NULL" if parser is not None else "false"
 
     def stage(frame, **columns):
-        return C.stage(frame, **{n: f"CASE WHEN _fast THEN NULL ELSE {e} END" for n, e in columns.items()})
+        return C.stage(frame, **{n: f"CASE WHEN {fast} THEN NULL ELSE {e} END" for n, e in columns.items()})
 
     df = stage(df, _v="try_parse_json(raw)")
     schemas_form = all_of(f"{C.field('_v', '$.schema')} IS NOT NULL", f"{C.field('_v', '$.payload')} IS NOT NULL")
@@ -232,11 +184,13 @@ def parse(ctx: C.ReadContext) -> DataFrame:
 
     ignored_reason = when(("_schema_change", lit("Debezium schema change event")),
                           otherwise=concat(lit("Debezium op '"), "_op", lit("' (not a row change)")))
+    finished = (f"array({C.change_row_of([(c, f'_j_{i}') for i, c in enumerate(cols)], '_j_kind', '_j_seq')})"
+                if parser is not None else "NULL")
     return df.selectExpr(
         "file", "line", "raw",
-        f"CASE WHEN _fast THEN {changes_of('_f_before', '_f_after', '_f_op', '_f_pos')} "
+        f"CASE WHEN {fast} THEN {finished} "
         f"WHEN _op_ok THEN {changes_of('_before', '_after', '_op', '_pos')} END AS _changes",
-        f"CASE WHEN _fast THEN {C.EMPTY_MESSAGES} ELSE {errors} END AS _errors",
-        # NULL for fast lines: their _tombstone/_ignored are NULL
+        f"CASE WHEN {fast} THEN {C.EMPTY_MESSAGES} ELSE {errors} END AS _errors",
+        # NULL for the finished rows: their _tombstone/_ignored are NULL
         *C.skip_columns("_tombstone", "_ignored", ignored_reason),
     )
