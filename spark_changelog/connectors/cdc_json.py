@@ -798,9 +798,16 @@ TOMBSTONE_REASON = "Kafka tombstone (empty or null value)"
 def skip_columns(tombstone: Sql, ignored: Sql = "false", ignored_reason: Sql = "NULL",
                  tombstone_reason: str = TOMBSTONE_REASON) -> list[Sql]:
     """``_skip_category`` and ``_skip_reason`` select items from the skip conditions."""
+    category, reason = skip_values(tombstone, ignored, ignored_reason, tombstone_reason)
+    return [f"{category} AS _skip_category", f"{reason} AS _skip_reason"]
+
+
+def skip_values(tombstone: Sql, ignored: Sql = "false", ignored_reason: Sql = "NULL",
+                tombstone_reason: str = TOMBSTONE_REASON) -> tuple[Sql, Sql]:
+    """The ``_skip_category`` and ``_skip_reason`` expressions of :func:`skip_columns`."""
     category = when((tombstone, lit(SKIP_TOMBSTONE)), (ignored, lit(SKIP_IGNORED)))
     reason = when((tombstone, lit(tombstone_reason)), (ignored, f"CAST({ignored_reason} AS STRING)"))
-    return [f"{category} AS _skip_category", f"{reason} AS _skip_reason"]
+    return category, reason
 
 
 def side_row(schema: T.StructType, payload: Sql) -> Sql:
