@@ -135,14 +135,13 @@ class _Stages:
 
 
 def parse(ctx: C.ReadContext) -> DataFrame:
-    """Per-line frame for :func:`cdc_json.finish`, built in a few named projections.
+    """Per-line frame for :func:`cdc_json.finish` (docs/runtime.md, "Reading CDC files: one pass").
 
     The line task (:func:`arrow_parser`) has already turned the lines it could
     decide into their finished change rows (``raw`` NULL, values in ``_j_*``):
     each passes through as a one-element ``_changes``.  Every other line is
-    parsed into a VARIANT and checked field by field (every column staged
-    below is NULL for the finished rows, so the variant path costs them only
-    its NULL checks)."""
+    parsed into a VARIANT and checked field by field, in the named stages of
+    :class:`_Stages`, which the finished rows never run."""
     cols, key, schema = ctx.columns, ctx.primary_key, ctx.schema
     parser = arrow_parser(schema, key)
     df = C.read_lines(ctx, parser=parser)

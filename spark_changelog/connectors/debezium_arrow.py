@@ -185,8 +185,8 @@ class DebeziumArrowParser:
         pick = pa.array(wrapped)
         # Spark reads a line as wrapped when both keys are there, JSON null
         # included, which Arrow cannot see: a line not wrapped by Arrow's
-        # reading that has the key ``payload`` (or a \\u escape, which could
-        # spell it) is left to the VARIANT path
+        # reading that holds the string ``"payload"`` (or a backslash-u escape,
+        # which could spell it) is left to the VARIANT path
         plain = ~has_schema & ~(having('"payload"', "y") | having("\\u", "\\"))
 
         def env(name: str) -> pa.Array:
@@ -197,7 +197,7 @@ class DebeziumArrowParser:
         ts = pc.coalesce(env("ts_ms"), source["ts_ms"])
         position, position_ok = _position(source["lsn"], source["file"], source["pos"], source["row"], ts,
                                           file_no, line_numbers)
-        ops = {o: _valid(pc.if_else(pc.equal(op, o), True, None)) for o in ("c", "r", "u", "d")}
+        ops = {o: _true(pc.equal(op, o)) for o in ("c", "r", "u", "d")}
         inserted, updated, deleted = ops["c"] | ops["r"], ops["u"], ops["d"]
         after_ok, before_ok = self._key_present(after), self._key_present(before)
         fast = (parsed & (wrapped | plain) & position_ok & self._values_plain(before)
