@@ -147,6 +147,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from spark_changelog.model.rowkind import RowKind
+from spark_changelog.connectors.seq_layout import (  # noqa: F401  (the _seq layout, shared with the line task)
+    BINLOG_FILE_BITS, BINLOG_OFFSET_BITS, FILE_LINE_BITS, FILE_NO_BITS, LSN_BITS, PHASE_AFTER, PHASE_BEFORE,
+    POSITION_BITS, TS_LINE_BITS, TS_MS_BITS)
 from spark_changelog.model import METRICS_COL as SIDE_COL, METRICS_KIND as SIDE_KIND
 from spark_changelog.model.schema import (
     KIND_COL,
@@ -190,15 +193,6 @@ INSERT = int(RowKind.INSERT)
 UPDATE_BEFORE = int(RowKind.UPDATE_BEFORE)
 UPDATE_AFTER = int(RowKind.UPDATE_AFTER)
 DELETE = int(RowKind.DELETE)
-PHASE_BEFORE = 0
-PHASE_AFTER = 1
-
-#: bit widths of the position parts (see the module docstring)
-POSITION_BITS = 62
-LSN_BITS = 62
-BINLOG_FILE_BITS, BINLOG_OFFSET_BITS = 28, 34
-TS_MS_BITS, TS_LINE_BITS = 42, 20
-FILE_NO_BITS, FILE_LINE_BITS = 34, 28
 _ROW_LIMIT_DIGITS = 18  # digit strings longer than this (after leading zeros) exceed 2^59
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -665,8 +659,13 @@ def image_errors(raw: Sql, typed: Sql, schema: T.StructType, primary_key: Sequen
 
 def change_row(struct: Sql, columns: Sequence[str], kind: Union[int, Sql], seq: Sql) -> Sql:
     """One element of ``_changes``: the user columns of ``struct``, ``_kind`` and ``_seq``."""
-    values = ", ".join(f"{lit(c)}, {struct_field(struct, c)}" for c in columns)
-    return (f"named_struct({values}, {lit(KIND_COL)}, CAST({kind} AS TINYINT), {lit(SEQ_COL)}, "
+    return change_row_of([(c, struct_field(struct, c)) for c in columns], kind, seq)
+
+
+def change_row_of(values: Sequence[tuple[str, Sql]], kind: Union[int, Sql], seq: Sql) -> Sql:
+    """One element of ``_changes`` from (user column, value) pairs in schema order."""
+    named = ", ".join(f"{lit(c)}, {v}" for c, v in values)
+    return (f"named_struct({named}, {lit(KIND_COL)}, CAST({kind} AS TINYINT), {lit(SEQ_COL)}, "
             f"CAST({seq} AS BIGINT), {lit(SIDE_COL)}, CAST(NULL AS STRING))")
 
 
@@ -799,9 +798,16 @@ TOMBSTONE_REASON = "Kafka tombstone (empty or null value)"
 def skip_columns(tombstone: Sql, ignored: Sql = "false", ignored_reason: Sql = "NULL",
                  tombstone_reason: str = TOMBSTONE_REASON) -> list[Sql]:
     """``_skip_category`` and ``_skip_reason`` select items from the skip conditions."""
+    category, reason = skip_values(tombstone, ignored, ignored_reason, tombstone_reason)
+    return [f"{category} AS _skip_category", f"{reason} AS _skip_reason"]
+
+
+def skip_values(tombstone: Sql, ignored: Sql = "false", ignored_reason: Sql = "NULL",
+                tombstone_reason: str = TOMBSTONE_REASON) -> tuple[Sql, Sql]:
+    """The ``_skip_category`` and ``_skip_reason`` expressions of :func:`skip_columns`."""
     category = when((tombstone, lit(SKIP_TOMBSTONE)), (ignored, lit(SKIP_IGNORED)))
     reason = when((tombstone, lit(tombstone_reason)), (ignored, f"CAST({ignored_reason} AS STRING)"))
-    return [f"{category} AS _skip_category", f"{reason} AS _skip_reason"]
+    return category, reason
 
 
 def side_row(schema: T.StructType, payload: Sql) -> Sql:

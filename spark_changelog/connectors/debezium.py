@@ -28,6 +28,8 @@ unreadable or out-of-range positions.
 """
 from __future__ import annotations
 
+from typing import Callable, Optional
+
 from pyspark.sql import DataFrame
 from pyspark.sql import types as T
 
@@ -65,15 +67,15 @@ def position_inputs(env: Sql) -> dict[str, Sql]:
     }
 
 
-def position(prefix: str = "") -> tuple[Sql, Sql]:
-    """(position, range error) from the :func:`position_inputs` columns (``cdc_json`` table)."""
-    c = lambda name: prefix + name  # noqa: E731
+def position(r: Callable[[str], Sql]) -> tuple[Sql, Sql]:
+    """(position, range error) from the staged :func:`position_inputs` columns
+    (``r`` names a staged column; ``cdc_json`` table)."""
     return C.choose_position(
         [
-            (f"{c('_lsn')} IS NOT NULL", C.pack_position([(c("_lsn"), C.LSN_BITS, "source.lsn")])),
-            (c("_has_binlog"), C.pack_position([(c("_binlog_no"), C.BINLOG_FILE_BITS, "source.file"),
-                                                (c("_binlog_offset"), C.BINLOG_OFFSET_BITS, "source.pos")])),
-            (f"{c('_ts')} IS NOT NULL", C.pack_position([(c("_ts"), C.TS_MS_BITS, "ts_ms"),
+            (f"{r('_lsn')} IS NOT NULL", C.pack_position([(r("_lsn"), C.LSN_BITS, "source.lsn")])),
+            (r("_has_binlog"), C.pack_position([(r("_binlog_no"), C.BINLOG_FILE_BITS, "source.file"),
+                                                (r("_binlog_offset"), C.BINLOG_OFFSET_BITS, "source.pos")])),
+            (f"{r('_ts')} IS NOT NULL", C.pack_position([(r("_ts"), C.TS_MS_BITS, "ts_ms"),
                                                          ("line", C.TS_LINE_BITS, None)])),
         ],
         C.fallback_position(),
@@ -89,134 +91,128 @@ def arrow_parser(schema, key):
     return DebeziumArrowParser([(f.name, f.dataType.simpleString()) for f in schema.fields], key)
 
 
-def fast_columns(df: DataFrame, schema, key, parsed: bool) -> DataFrame:
-    """``_fast`` marks lines whose every check passes on the envelope the line
-    task parsed (``_j_*``, :mod:`debezium_arrow`), with ``_f_op``/``_f_before``/
-    ``_f_after``/``_f_pos`` their values.
+class _Stages:
+    """The VARIANT path's named stages: each one projection's worth of columns
+    that later stages reference by name (:meth:`__call__` gives the SQL).
 
-    A line is fast when Arrow parsed it (strictly typed: no conversion at all),
-    it is a plain or ``schemas.enable`` envelope, has op c/r/u/d with the
-    images that op needs, no null key column and an encodable position.
-    Everything else (malformed or wrong-typed input, tombstones, control
-    records, strings holding numbers, repeated keys) takes the VARIANT path of
-    :func:`parse`, which states the reason: both give the same rows for a fast
-    line, the fast path is only quicker.  The line task leaves ``raw`` NULL
-    only on lines it found fast by the same rules; should Spark disagree, the
-    query fails rather than lose the line.
+    The stages are nested one-element ``transform`` scopes of ONE expression,
+    evaluated only on the lines the line task did not finish (``fast``, nearly
+    all lines, pass through), in a projection that Spark compiles as split
+    methods (:meth:`select`)."""
 
-    ``parsed`` False (a schema with a column outside :data:`FAST_TYPES`, whose
-    values Arrow would convert differently): no line is fast.
-    """
-    image = "struct<" + ", ".join(f"{C.ident(f.name)}: {f.dataType.simpleString()}" for f in schema.fields) + ">"
-    if not parsed:
-        return C.stage(df, _fast="false", _f_op="CAST(NULL AS STRING)", _f_before=f"CAST(NULL AS {image})",
-                       _f_after=f"CAST(NULL AS {image})", _f_pos="CAST(NULL AS BIGINT)")
-    suffix, ends_in_digit = C.lit(r"(\d+)$"), C.lit(r"\d$")
-    df = C.stage(
-        df,
-        _f_op="_j_op", _f_before="_j_before", _f_after="_j_after",
-        _f__lsn="_j_lsn",
-        _f__binlog_no=C.digits_number(f"regexp_extract(_j_file, {suffix}, 1)"),
-        _f__has_binlog=C.all_of(f"coalesce(_j_file, '') RLIKE {ends_in_digit}", "_j_spos IS NOT NULL"),
-        _f__binlog_offset="try_add(_j_spos, coalesce(_j_row, 0))",
-        _f__ts="_j_ts",
-    )
-    pos, pos_err = position("_f_")
+    def __init__(self, df: DataFrame, fast: Optional[Sql]):
+        self.df, self.fast = df, fast
+        self.names: dict[str, Sql] = {}
+        self.scopes: list[tuple[str, Sql]] = []
 
-    def key_present(image_col: str) -> Sql:
-        return C.all_of(f"{image_col} IS NOT NULL", *[f"{C.struct_field(image_col, k)} IS NOT NULL" for k in key])
+    def add(self, **columns: Sql) -> None:
+        scope = f"_stage{len(self.scopes)}"
+        self.scopes.append((scope, "named_struct(" + ", ".join(f"{lit(n)}, {e}" for n, e in columns.items()) + ")"))
+        self.names.update({n: f"{scope}.{C.ident(n)}" for n in columns})
 
-    images_ok = when(
-        ("_f_op IN ('c', 'r')", key_present("_f_after")),
-        ("_f_op = 'u'", C.all_of(key_present("_f_after"), key_present("_f_before"))),
-        ("_f_op = 'd'", key_present("_f_before")),
-        otherwise="false")
-    fast = f"coalesce(_j_ok AND {images_ok} AND {pos_err} IS NULL, false)"
-    lost = C.concat(lit("internal error: the line task left out the text of line "), "CAST(line AS STRING)",
-                    lit(" of "), "file", lit(", which the fast path rejects"))
-    return C.stage(df, _f_pos=pos,
-                   _fast=f"CASE WHEN {fast} THEN true WHEN raw IS NULL THEN CAST(raise_error({lost}) AS BOOLEAN) "
-                         "ELSE false END")
+    def __call__(self, name: str) -> Sql:
+        return self.names[name]
+
+    def select(self, columns: dict[str, Sql], fast_columns: dict[str, Sql]) -> DataFrame:
+        """``file``, ``line``, ``raw`` and ``columns`` (``fast_columns`` on the
+        finished rows)."""
+        struct = "named_struct(" + ", ".join(f"{lit(n)}, {e}" for n, e in columns.items()) + ")"
+        for scope, body in reversed(self.scopes):
+            struct = f"element_at(transform(array({body}), {scope} -> {struct}), 1)"
+        # ``reflect`` (an identity here) has no generated code: the projection
+        # holding it stays out of whole-stage code generation and gets Spark's
+        # per-projection code, split into small methods.  In the whole-stage
+        # loop the VARIANT path made one method of 27-40 KB of bytecode, which
+        # the JIT worked on for seconds and then gave up on ("out of virtual
+        # registers"): every row, fast or not, then ran in the interpreter.
+        slow = f"CASE WHEN reflect('java.lang.String', 'valueOf', raw) IS NOT NULL THEN {struct} END"
+        fast = self.fast or "false"
+        df = self.df.selectExpr("*", f"CASE WHEN {fast} THEN NULL ELSE {slow} END AS _slow")
+        if self.fast is None:
+            return df.selectExpr("file", "line", "raw", *[f"_slow.{n}" for n in columns])
+        return df.selectExpr("file", "line", "raw", *[f"CASE WHEN {fast} THEN {fast_columns[n]} ELSE _slow.{n} END AS {n}"
+                                                      for n in columns])
 
 
 def parse(ctx: C.ReadContext) -> DataFrame:
-    """Per-line frame for :func:`cdc_json.finish`, built in a few named projections.
+    """Per-line frame for :func:`cdc_json.finish` (docs/runtime.md, "Reading CDC files: one pass").
 
-    Lines :func:`fast_columns` accepts take its values; the others are parsed
-    into a VARIANT and checked field by field (every column staged below
-    is NULL for fast lines, so the variant path costs nothing there)."""
+    The line task (:func:`arrow_parser`) has already turned the lines it could
+    decide into their finished change rows (``raw`` NULL, values in ``_j_*``):
+    each passes through as a one-element ``_changes``.  Every other line is
+    parsed into a VARIANT and checked field by field, in the named stages of
+    :class:`_Stages`, which the finished rows never run."""
     cols, key, schema = ctx.columns, ctx.primary_key, ctx.schema
     parser = arrow_parser(schema, key)
-    df = fast_columns(C.read_lines(ctx, parser=parser), schema, key, parsed=parser is not None)
-
-    def stage(frame, **columns):
-        return C.stage(frame, **{n: f"CASE WHEN _fast THEN NULL ELSE {e} END" for n, e in columns.items()})
-
-    df = stage(df, _v="try_parse_json(raw)")
-    schemas_form = all_of(f"{C.field('_v', '$.schema')} IS NOT NULL", f"{C.field('_v', '$.payload')} IS NOT NULL")
-    df = stage(df, _env=when((schemas_form, C.field("_v", "$.payload")), otherwise="_v"))
-    df = stage(
-        df,
-        _op=C.get_as("_env", "$.op", "string"),
-        _op_v=C.field("_env", "$.op"),
-        _before_v=C.field("_env", "$.before"),
-        _after_v=C.field("_env", "$.after"),
+    df = C.read_lines(ctx, parser=parser)
+    r = stages = _Stages(df, "raw IS NULL" if parser is not None else None)
+    stages.add(_v="try_parse_json(raw)")
+    schemas_form = all_of(f"{C.field(r('_v'), '$.schema')} IS NOT NULL",
+                          f"{C.field(r('_v'), '$.payload')} IS NOT NULL")
+    stages.add(_env=when((schemas_form, C.field(r("_v"), "$.payload")), otherwise=r("_v")))
+    stages.add(
+        _op=C.get_as(r("_env"), "$.op", "string"),
+        _op_v=C.field(r("_env"), "$.op"),
+        _before_v=C.field(r("_env"), "$.before"),
+        _after_v=C.field(r("_env"), "$.after"),
         _blank=C.is_blank("raw"),
-        _ddl=C.present(C.field("_env", "$.ddl")),
-        **position_inputs("_env"),
+        _ddl=C.present(C.field(r("_env"), "$.ddl")),
+        **position_inputs(r("_env")),
     )
-    blank_or_null = "(_blank OR is_variant_null(_v) OR is_variant_null(_env))"
-    malformed = "(_v IS NULL AND NOT _blank)"
-    pos, pos_err = position()
-    df = stage(
-        df,
+    blank_or_null = f"({r('_blank')} OR is_variant_null({r('_v')}) OR is_variant_null({r('_env')}))"
+    malformed = f"({r('_v')} IS NULL AND NOT {r('_blank')})"
+    pos, pos_err = position(r)
+    stages.add(
         _tombstone=blank_or_null,
         _malformed=malformed,
-        _not_object=f"(NOT {malformed} AND NOT {blank_or_null} AND NOT {C.is_object('_env')})",
-        _after_ok=all_of(C.present("_after_v"), C.is_object("_after_v")),
-        _before_ok=all_of(C.present("_before_v"), C.is_object("_before_v")),
-        _op_present=C.present("_op_v"),
-        _before_raw=C.raw_struct(lambda c: C.field("_before_v", C.json_path(c)), cols),
-        _after_raw=C.raw_struct(lambda c: C.field("_after_v", C.json_path(c)), cols),
+        _not_object=f"(NOT {malformed} AND NOT {blank_or_null} AND NOT {C.is_object(r('_env'))})",
+        _after_ok=all_of(C.present(r("_after_v")), C.is_object(r("_after_v"))),
+        _before_ok=all_of(C.present(r("_before_v")), C.is_object(r("_before_v"))),
+        _op_present=C.present(r("_op_v")),
+        _before_raw=C.raw_struct(lambda c: C.field(r("_before_v"), C.json_path(c)), cols),
+        _after_raw=C.raw_struct(lambda c: C.field(r("_after_v"), C.json_path(c)), cols),
         _pos=pos,
         _pos_error=pos_err,
     )
-    shape_ok = "(NOT _malformed AND NOT _not_object)"
-    schema_change = "(NOT _op_present AND _ddl)"
-    df = stage(
-        df,
+    shape_ok = f"(NOT {r('_malformed')} AND NOT {r('_not_object')})"
+    schema_change = f"(NOT {r('_op_present')} AND {r('_ddl')})"
+    op = r("_op")
+    stages.add(
         _shape_ok=shape_ok,
         _schema_change=schema_change,
-        _op_ok=all_of(shape_ok, C.is_in("_op", OPS)),
-        _ignored=all_of(shape_ok, f"({C.is_in('_op', IGNORED_OPS)} OR {schema_change})"),
-        _before=C.typed_struct("_before_raw", schema),
-        _after=C.typed_struct("_after_raw", schema),
+        _op_ok=all_of(shape_ok, C.is_in(op, OPS)),
+        _ignored=all_of(shape_ok, f"({C.is_in(op, IGNORED_OPS)} OR {schema_change})"),
+        _before=C.typed_struct(r("_before_raw"), schema),
+        _after=C.typed_struct(r("_after_raw"), schema),
     )
-    needs_after = all_of("_op_ok", C.is_in("_op", ("c", "r", "u")))
-    needs_before = all_of("_op_ok", C.is_in("_op", ("u", "d")))
+    op_ok, shape_ok, op_present = r("_op_ok"), r("_shape_ok"), r("_op_present")
+    after_v, before_v, after_ok, before_ok = r("_after_v"), r("_before_v"), r("_after_ok"), r("_before_ok")
+    needs_after = all_of(op_ok, C.is_in(op, ("c", "r", "u")))
+    needs_before = all_of(op_ok, C.is_in(op, ("u", "d")))
     envelope_errors = C.errors_array(when((cond, message)) for cond, message in [
-        ("_malformed", lit("malformed JSON: the record does not parse")),
-        ("_not_object", lit("malformed record: not a JSON object")),
-        ("_shape_ok AND NOT _op_present AND NOT _schema_change", lit("field 'op': missing")),
-        ("_shape_ok AND _op = 't'", lit("field 'op': truncate events ('t') cannot be expressed as row changes")),
-        (f"_shape_ok AND _op_present AND NOT {C.is_in('_op', OPS + IGNORED_OPS + ('t',))}",
-         concat(lit("field 'op': unknown value "), C.json_text("_op_v"), lit(" (expected c, r, u or d)"))),
-        (f"{needs_after} AND NOT {C.present('_after_v')}",
-         concat(lit("field 'after': missing or null for op '"), "_op", lit("'"))),
-        (f"{needs_after} AND {C.present('_after_v')} AND NOT _after_ok", lit("field 'after': not a JSON object")),
-        (f"{needs_before} AND NOT {C.present('_before_v')}",
-         concat(lit("field 'before': missing or null for op '"), "_op", lit("'"),
-                when(("_op = 'u'", lit(" (PostgreSQL: set REPLICA IDENTITY FULL)")), otherwise="''"))),
-        (f"{needs_before} AND {C.present('_before_v')} AND NOT _before_ok", lit("field 'before': not a JSON object")),
+        (r("_malformed"), lit("malformed JSON: the record does not parse")),
+        (r("_not_object"), lit("malformed record: not a JSON object")),
+        (f"{shape_ok} AND NOT {op_present} AND NOT {r('_schema_change')}", lit("field 'op': missing")),
+        (f"{shape_ok} AND {op} = 't'", lit("field 'op': truncate events ('t') cannot be expressed as row changes")),
+        (f"{shape_ok} AND {op_present} AND NOT {C.is_in(op, OPS + IGNORED_OPS + ('t',))}",
+         concat(lit("field 'op': unknown value "), C.json_text(r("_op_v")), lit(" (expected c, r, u or d)"))),
+        (f"{needs_after} AND NOT {C.present(after_v)}",
+         concat(lit("field 'after': missing or null for op '"), op, lit("'"))),
+        (f"{needs_after} AND {C.present(after_v)} AND NOT {after_ok}", lit("field 'after': not a JSON object")),
+        (f"{needs_before} AND NOT {C.present(before_v)}",
+         concat(lit("field 'before': missing or null for op '"), op, lit("'"),
+                when((f"{op} = 'u'", lit(" (PostgreSQL: set REPLICA IDENTITY FULL)")), otherwise="''"))),
+        (f"{needs_before} AND {C.present(before_v)} AND NOT {before_ok}", lit("field 'before': not a JSON object")),
     ])
     errors = C.concat_messages(
         envelope_errors,
-        C.gate(f"{needs_after} AND _after_ok",
-               C.image_errors("_after_raw", "_after", schema, key, lit("'after'"))),
-        C.gate(f"{needs_before} AND _before_ok",
-               C.image_errors("_before_raw", "_before", schema, key, lit("'before'"))),
-        C.gate("_op_ok", C.errors_array(["_number_error", "_pos_error"])),
+        C.gate(f"{needs_after} AND {after_ok}",
+               C.image_errors(r("_after_raw"), r("_after"), schema, key, lit("'after'"))),
+        C.gate(f"{needs_before} AND {before_ok}",
+               C.image_errors(r("_before_raw"), r("_before"), schema, key, lit("'before'"))),
+        C.gate(op_ok, C.errors_array([r("_number_error"), r("_pos_error")])),
     )
+
     def changes_of(before: Sql, after: Sql, op: Sql, pos: Sql) -> Sql:
         pk_changed = C.key_changed(before, after, key)
         seq_b, seq_a = C.seq_of(pos, C.PHASE_BEFORE), C.seq_of(pos, C.PHASE_AFTER)
@@ -230,13 +226,12 @@ def parse(ctx: C.ReadContext) -> DataFrame:
             (f"{op} = 'd'", f"array({C.change_row(before, cols, C.DELETE, seq_b)})"),
         )
 
-    ignored_reason = when(("_schema_change", lit("Debezium schema change event")),
-                          otherwise=concat(lit("Debezium op '"), "_op", lit("' (not a row change)")))
-    return df.selectExpr(
-        "file", "line", "raw",
-        f"CASE WHEN _fast THEN {changes_of('_f_before', '_f_after', '_f_op', '_f_pos')} "
-        f"WHEN _op_ok THEN {changes_of('_before', '_after', '_op', '_pos')} END AS _changes",
-        f"CASE WHEN _fast THEN {C.EMPTY_MESSAGES} ELSE {errors} END AS _errors",
-        # NULL for fast lines: their _tombstone/_ignored are NULL
-        *C.skip_columns("_tombstone", "_ignored", ignored_reason),
-    )
+    ignored_reason = when((r("_schema_change"), lit("Debezium schema change event")),
+                          otherwise=concat(lit("Debezium op '"), op, lit("' (not a row change)")))
+    finished = [(c, f"_j_{i}") for i, c in enumerate(cols)]
+    skip_category, skip_reason = C.skip_values(r("_tombstone"), r("_ignored"), ignored_reason)
+    return stages.select(
+        {"_changes": f"CASE WHEN {op_ok} THEN {changes_of(r('_before'), r('_after'), op, r('_pos'))} END",
+         "_errors": errors, "_skip_category": skip_category, "_skip_reason": skip_reason},
+        {"_changes": f"array({C.change_row_of(finished, '_j_kind', '_j_seq')})", "_errors": C.EMPTY_MESSAGES,
+         "_skip_category": "CAST(NULL AS STRING)", "_skip_reason": "CAST(NULL AS STRING)"})

@@ -8,14 +8,16 @@ here, in the Python task that already holds the lines' bytes
 by an explicit schema, strict: a value of another JSON type, a fraction or
 exponent for an integer, a duplicate key, a bad escape all fail).
 
-What a line gets here is an *offer*, never a verdict: the typed envelope
-(``_j_*`` columns) of the lines Arrow parsed, and the line's text (``raw``) for
-every line this module cannot prove good.  Spark then decides each line exactly
-as before (``debezium.fast_columns`` on these columns, the VARIANT path with
-its stated reasons on ``raw`` for the rest), so a line Arrow rejects only costs
-speed.  ``raw`` is left out (NULL) only when the checks below already show the
-line passes every check of the fast path; Spark fails the query if it ever
-disagrees (a bug, never silent).
+A line this module can decide leaves the task *finished*: its change rows
+(``-U``/``+U``, or ``-D``/``+I`` when a key column changes; ``_kind``, ``_seq``
+and the user columns, exactly as ``debezium.parse``'s SQL would build them),
+so Spark only passes them through.  Every other line leaves as one row with
+its text (``raw``) for Spark's VARIANT path, which decides it and states the
+reason.  So the checks here must equal the SQL's for every line they accept;
+where that is not certain (``-0.0`` or non-finite doubles, ``NaN`` anywhere,
+a JSON-null ``schema`` beside a ``payload``, a file name with a line break,
+negative binlog parts) the line is left to the VARIANT path: that only costs
+speed.  ``tests/connectors/test_debezium_arrow.py`` compares both paths.
 
 Alignment: only lines that start with ``{`` and end with ``}`` are given to
 Arrow (the others are blanked to spaces, which it skips).  Such a line cannot
@@ -36,6 +38,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
+from spark_changelog.connectors.seq_layout import (BINLOG_FILE_BITS, BINLOG_OFFSET_BITS, FILE_LINE_BITS,
+                                                   FILE_NO_BITS, LSN_BITS, PHASE_AFTER, PHASE_BEFORE, TS_LINE_BITS,
+                                                   TS_MS_BITS)
+from spark_changelog.model.rowkind import RowKind
+
 #: Spark simple type name -> Arrow type, for the user columns of the fast path
 #: (debezium.FAST_TYPES)
 ARROW_TYPES = {"boolean": pa.bool_(), "int": pa.int32(), "bigint": pa.int64(), "double": pa.float64(),
@@ -46,9 +53,11 @@ _SOURCE = pa.struct([("lsn", pa.int64()), ("file", pa.string()), ("pos", pa.int6
 #: remaining failing parts go to Spark's VARIANT path whole
 _PARSE_BUDGET = 4
 _OPEN, _CLOSE, _SPACE = ord("{"), ord("}"), ord(" ")
-# the position bounds of cdc_json (LSN 62 bits; binlog file 28, offset 34; ts_ms 42; file number 34)
-_LSN_LIMIT, _BINLOG_FILE_LIMIT, _BINLOG_OFFSET_LIMIT = 1 << 62, 1 << 28, 1 << 34
-_TS_LIMIT, _FILE_NO_LIMIT = 1 << 42, 1 << 34
+_INSERT, _UPDATE_BEFORE, _UPDATE_AFTER, _DELETE = (int(k) for k in (RowKind.INSERT, RowKind.UPDATE_BEFORE,
+                                                                     RowKind.UPDATE_AFTER, RowKind.DELETE))
+#: Arrow type -> Spark DDL type of the line task's columns
+_SPARK_TYPES = {pa.bool_(): "BOOLEAN", pa.int8(): "TINYINT", pa.int32(): "INT", pa.int64(): "BIGINT",
+                pa.float64(): "DOUBLE", pa.string(): "STRING"}
 
 
 class DebeziumArrowParser:
@@ -67,38 +76,43 @@ class DebeziumArrowParser:
         # of the parse
         self.json_schema = pa.schema(envelope + [("schema", pa.struct([]))])
         self.wrapped_schema = pa.schema([("schema", pa.struct([])), ("payload", pa.struct(envelope))])
-        self.fields = [pa.field("_j_ok", pa.bool_()), pa.field("_j_op", pa.string()),
-                       pa.field("_j_before", image), pa.field("_j_after", image),
-                       pa.field("_j_lsn", pa.int64()), pa.field("_j_file", pa.string()),
-                       pa.field("_j_spos", pa.int64()), pa.field("_j_row", pa.int64()),
-                       pa.field("_j_ts", pa.int64())]
+        #: a fast line's finished change rows: the user columns by position
+        #: (``_j_0``...: a user column may be called ``line`` or ``raw``), the
+        #: row kind and ``_seq``; NULL on rows that carry a line's text
+        self.fields = ([pa.field(f"_j_{i}", ARROW_TYPES[t]) for i, (_, t) in enumerate(self.columns)]
+                       + [pa.field("_j_kind", pa.int8()), pa.field("_j_seq", pa.int64())])
 
     @property
     def ddl(self) -> str:
-        image = "STRUCT<" + ", ".join(f"`{n.replace('`', '``')}`: {t.upper()}" for n, t in self.columns) + ">"
-        return (f"_j_ok BOOLEAN, _j_op STRING, _j_before {image}, _j_after {image}, _j_lsn BIGINT, "
-                "_j_file STRING, _j_spos BIGINT, _j_row BIGINT, _j_ts BIGINT")
+        """The Spark DDL of :attr:`fields`."""
+        return ", ".join(f"{f.name} {_SPARK_TYPES[f.type]}" for f in self.fields)
 
     # ----------------------------------------------------------------- parsing
 
-    def __call__(self, buf: np.ndarray, starts: np.ndarray, ends: np.ndarray,
-                 file_no: int) -> tuple[list[pa.Array], np.ndarray]:
-        """Typed envelope columns for the lines ``[starts[i], ends[i])`` of
-        ``buf`` and the mask of lines whose text Spark needs."""
+    def __call__(self, buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, file_no: int,
+                 line_numbers: np.ndarray) -> tuple[np.ndarray, list[pa.Array], np.ndarray]:
+        """The rows of the lines ``[starts[i], ends[i])`` of ``buf`` (numbered
+        ``line_numbers``): the line of each row, the :attr:`fields` columns and
+        the mask of rows that need their line's text.  A fast line gives its
+        finished change rows (an update two), any other line one row with its
+        text and every field NULL."""
         n = len(starts)
         lo = int(starts[0]) if n else 0
         buf, starts, ends = buf[lo:int(ends[-1]) if n else 0], starts - lo, ends - lo
         nonempty = ends > starts
         first = buf[np.minimum(starts, max(len(buf) - 1, 0))] if len(buf) else np.zeros(n, np.uint8)
         last = buf[np.maximum(ends - 1, 0)] if len(buf) else np.zeros(n, np.uint8)
-        candidate = nonempty & (first == _OPEN) & (last == _CLOSE)
+        having = _Substrings(buf, starts, ends)
+        # Arrow's reader takes NaN and Infinity as numbers (even in fields it
+        # ignores); Spark's does not
+        non_numbers = having("NaN", "N") | having("Infinity", "I")
+        candidate = nonempty & (first == _OPEN) & (last == _CLOSE) & ~non_numbers
         rows = np.full(n, -1, dtype=np.int64)      # row of the parsed table per line, -1 = not parsed
         table = None
         cand = np.flatnonzero(candidate)
         if len(cand):
             text = buf if candidate.all() else _blank_out(buf, starts[~candidate], ends[~candidate])
             table = self._parse(text, starts, ends, cand, rows, self.json_schema)
-        wrapped = None
         if table is not None:
             has_schema = _valid(table.column("schema"))
             if has_schema.any():
@@ -111,8 +125,8 @@ class DebeziumArrowParser:
                 text = _blank_out(buf, starts[~keep], ends[~keep])
                 wrapped = self._parse(text, starts, ends, lines, wrapped_rows, self.wrapped_schema)
                 rows[keep & (wrapped_rows < 0)] = -1   # its payload did not parse: the VARIANT path decides
-                return self._columns(table, rows, file_no, wrapped, wrapped_rows)
-        return self._columns(table, rows, file_no)
+                return self._rows(table, rows, file_no, line_numbers, having, wrapped, wrapped_rows)
+        return self._rows(table, rows, file_no, line_numbers, having)
 
     def _parse(self, text: np.ndarray, starts: np.ndarray, ends: np.ndarray, cand: np.ndarray,
                rows: np.ndarray, schema: pa.Schema):
@@ -148,15 +162,14 @@ class DebeziumArrowParser:
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, UnicodeError):
             return None
 
-    # ----------------------------------------------------------------- columns and the raw mask
+    # ----------------------------------------------------------------- the fast lines' rows
 
-    def _columns(self, table, rows: np.ndarray, file_no: int, wrapped_table=None,
-                 wrapped_rows=None) -> tuple[list[pa.Array], np.ndarray]:
+    def _rows(self, table, rows: np.ndarray, file_no: int, line_numbers: np.ndarray, having: "_Substrings",
+              wrapped_table=None, wrapped_rows=None) -> tuple[np.ndarray, list[pa.Array], np.ndarray]:
         n = len(rows)
         parsed = rows >= 0
         if table is None or not parsed.any():
-            arrays = [pa.array(np.zeros(n, dtype=bool))] + [pa.nulls(n, f.type) for f in self.fields[1:]]
-            return arrays, np.ones(n, dtype=bool)
+            return np.arange(n), [pa.nulls(n, f.type) for f in self.fields], np.ones(n, dtype=bool)
         if parsed.all() and table.num_rows == n and np.array_equal(rows, np.arange(n)):
             top = {name: _flat(table.column(name)) for name in table.column_names}   # no reordering needed
         else:
@@ -170,25 +183,67 @@ class DebeziumArrowParser:
             payload = _children(payload_col)
         wrapped = has_schema & has_payload
         pick = pa.array(wrapped)
+        # Spark reads a line as wrapped when both keys are there, JSON null
+        # included, which Arrow cannot see: a line not wrapped by Arrow's
+        # reading that holds the string ``"payload"`` (or a backslash-u escape,
+        # which could spell it) is left to the VARIANT path
+        plain = ~has_schema & ~(having('"payload"', "y") | having("\\u", "\\"))
 
         def env(name: str) -> pa.Array:
             return pc.if_else(pick, payload[name], top[name]) if wrapped.any() else top[name]
 
         source = _children(env("source"))
-        ok = parsed & (has_schema == has_payload)
         op, before, after = env("op"), env("before"), env("after")
         ts = pc.coalesce(env("ts_ms"), source["ts_ms"])
-        arrays = [pa.array(ok), op, before, after, source["lsn"], source["file"], source["pos"], source["row"], ts]
-        good = ok & self._images_ok(op, before, after) & _position_ok(
-            source["lsn"], source["file"], source["pos"], source["row"], ts, file_no)
-        return arrays, ~good
-
-    def _images_ok(self, op: pa.Array, before: pa.Array, after: pa.Array) -> np.ndarray:
-        def is_op(*values: str) -> np.ndarray:
-            return _valid(pc.if_else(pc.is_in(op, pa.array(values)), True, None))
-
+        position, position_ok = _position(source["lsn"], source["file"], source["pos"], source["row"], ts,
+                                          file_no, line_numbers)
+        ops = {o: _true(pc.equal(op, o)) for o in ("c", "r", "u", "d")}
+        inserted, updated, deleted = ops["c"] | ops["r"], ops["u"], ops["d"]
         after_ok, before_ok = self._key_present(after), self._key_present(before)
-        return (is_op("c", "r") & after_ok) | (is_op("u") & after_ok & before_ok) | (is_op("d") & before_ok)
+        fast = (parsed & (wrapped | plain) & position_ok & self._values_plain(before)
+                & self._values_plain(after)
+                & ((inserted & after_ok) | (updated & after_ok & before_ok) | (deleted & before_ok)))
+        return self._finished(fast, inserted & fast, updated & fast, before, after, position)
+
+    def _finished(self, fast: np.ndarray, inserted: np.ndarray, updated: np.ndarray, before: pa.Array,
+                  after: pa.Array, position: np.ndarray) -> tuple[np.ndarray, list[pa.Array], np.ndarray]:
+        """The change rows of the fast lines, exactly as ``debezium.parse``'s
+        SQL builds them (docs/semantics.md, section 1): c/r ``+I`` after; u
+        ``-U`` before, ``+U`` after, or ``-D``/``+I`` when a key column differs;
+        d ``-D`` before; ``_seq`` = position * 2 + phase.  Other lines: one row,
+        every field NULL."""
+        n = len(fast)
+        counts = np.where(updated, 2, 1)
+        line_of = np.repeat(np.arange(n), counts)
+        first_row = np.cumsum(counts) - counts
+        second = np.zeros(len(line_of), dtype=bool)
+        second[first_row[updated] + 1] = True
+        slow = ~fast[line_of]
+        uses_after = inserted[line_of] | second      # else the before image (u's first row, d)
+        befores, afters = _children(before), _children(after)
+        key_changed = np.zeros(n, dtype=bool)
+        for k in self.primary_key:
+            key_changed |= ~_true(pc.equal(befores[k], afters[k]))
+        changed = key_changed[line_of]
+        row_updated = updated[line_of]
+        kind = np.where(uses_after,
+                        np.where(row_updated & ~changed, _UPDATE_AFTER, _INSERT),
+                        np.where(row_updated & ~changed, _UPDATE_BEFORE, _DELETE)).astype(np.int8)
+        seq = position[line_of] * 2 + np.where(uses_after, PHASE_AFTER, PHASE_BEFORE)
+        image_row = pa.array(line_of + n * uses_after, mask=slow)
+        values = [pa.concat_arrays([befores[c], afters[c]]).take(image_row) for c, _ in self.columns]
+        return (line_of, values + [pa.array(kind, mask=slow), pa.array(seq, mask=slow)], slow)
+
+    def _values_plain(self, image: pa.Array) -> np.ndarray:
+        """Images without a DOUBLE value the VARIANT path may read differently:
+        -0.0 (Spark's ``parse_json`` keeps ``-0.0`` as a decimal, so 0.0) and
+        non-finite values (``NaN``, or a literal out of range)."""
+        ok = np.ones(len(image), dtype=bool)
+        for child in image.flatten():
+            if pa.types.is_floating(child.type):
+                values = child.fill_null(1.0).to_numpy(zero_copy_only=False)
+                ok &= np.isfinite(values) & ~((values == 0) & np.signbit(values))
+        return ok
 
     def _key_present(self, image: pa.Array) -> np.ndarray:
         ok = _valid(image)
@@ -198,26 +253,73 @@ class DebeziumArrowParser:
         return ok
 
 
-def _position_ok(lsn, file, pos, row, ts, file_no: int) -> np.ndarray:
-    """Lines whose ``_seq`` position surely encodes (a sufficient condition for
-    ``debezium.position`` finding no error; anything else sends the line's text)."""
+def _position(lsn, file, pos, row, ts, file_no: int, line: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(position, encodes) per line: ``debezium.position``'s choice and packing
+    (``cdc_json`` "Sequence encoding"; position undefined where it does not
+    encode).  ``encodes`` is False wherever that SQL would report a range
+    error, and also on a few lines where it would not (negative ``pos`` or
+    ``row``, a file name with a line break): those take the VARIANT path,
+    which decides them."""
     has_lsn = _valid(lsn)
     lsn_v = _ints(lsn)
-    binlog_digits = pc.extract_regex(file.fill_null(""), r"(?P<d>\d+)$")
-    has_digits = _valid(binlog_digits)
-    has_binlog = ~has_lsn & has_digits & _valid(pos)
-    digits = pc.utf8_ltrim(pc.struct_field(binlog_digits, "d").fill_null("0"), "0")
-    short = (pc.utf8_length(digits).to_numpy(zero_copy_only=False) <= 9)
-    file_v = _ints(pc.if_else(pa.array(short), pc.if_else(pc.equal(digits, ""), "0", digits), "0").cast(pa.int64()))
     pos_v, row_v = _ints(pos), _ints(row)
-    binlog_ok = (short & (file_v < _BINLOG_FILE_LIMIT) & (pos_v >= 0) & (pos_v < _BINLOG_OFFSET_LIMIT)
-                 & (row_v >= 0) & (row_v < _BINLOG_OFFSET_LIMIT) & (pos_v + row_v < _BINLOG_OFFSET_LIMIT))
+    n = len(lsn_v)
+    has_binlog, binlog_ok, odd_file = np.zeros(n, bool), np.zeros(n, bool), np.zeros(n, bool)
+    file_v = np.zeros(n, dtype=np.int64)
+    # the file name matters only without an lsn and with a pos (and is NULL in
+    # PostgreSQL's events): the regular expressions run on those lines only
+    which = np.flatnonzero(~has_lsn & _valid(pos) & _valid(file))
+    if len(which):
+        names = file.take(pa.array(which))
+        # Java's ``$`` also matches before a final line terminator, RE2's does not
+        odd_file[which] = _true(pc.match_substring_regex(names, r"[\n\r\x{85}\x{2028}\x{2029}]"))
+        binlog_digits = pc.extract_regex(names, r"(?P<d>\d+)$")
+        has_binlog[which] = _valid(binlog_digits)
+        digits = pc.utf8_ltrim(pc.struct_field(binlog_digits, "d").fill_null("0"), "0")
+        short = pc.utf8_length(digits).to_numpy(zero_copy_only=False) <= 9
+        file_v[which] = _ints(pc.if_else(pa.array(short), pc.if_else(pc.equal(digits, ""), "0", digits),
+                                         "0").cast(pa.int64()))
+        binlog_ok[which] = short
+    binlog_ok &= ((file_v < 1 << BINLOG_FILE_BITS) & (pos_v >= 0) & (pos_v < 1 << BINLOG_OFFSET_BITS)
+                  & (row_v >= 0) & (row_v < 1 << BINLOG_OFFSET_BITS) & (pos_v + row_v < 1 << BINLOG_OFFSET_BITS))
     has_ts = _valid(ts)
     ts_v = _ints(ts)
-    return np.where(has_lsn, (lsn_v >= 0) & (lsn_v < _LSN_LIMIT),
-                    np.where(has_binlog, binlog_ok,
-                             np.where(has_ts, (ts_v >= 0) & (ts_v < _TS_LIMIT),
-                                      0 <= file_no < _FILE_NO_LIMIT)))
+    encodes = ~odd_file & np.where(
+        has_lsn, (lsn_v >= 0) & (lsn_v < 1 << LSN_BITS),
+        np.where(has_binlog, binlog_ok,
+                 np.where(has_ts, (ts_v >= 0) & (ts_v < 1 << TS_MS_BITS), 0 <= file_no < 1 << FILE_NO_BITS)))
+    line = np.asarray(line, dtype=np.int64)
+    position = np.where(
+        has_lsn, lsn_v,
+        np.where(has_binlog, (file_v << BINLOG_OFFSET_BITS) + pos_v + row_v,
+                 np.where(has_ts, (ts_v << TS_LINE_BITS) + np.clip(line, 0, (1 << TS_LINE_BITS) - 1),
+                          (min(max(file_no, 0), (1 << FILE_NO_BITS) - 1) << FILE_LINE_BITS)
+                          + np.clip(line, 0, (1 << FILE_LINE_BITS) - 1))))
+    return np.where(encodes, position, 0), encodes
+
+
+class _Substrings:
+    """Which lines contain a string, for strings that are rare in CDC files:
+    a ``memchr`` scan for one of its bytes first, the per-line search
+    (Arrow's, over the lines in place) only when that byte occurs at all."""
+
+    def __init__(self, buf: np.ndarray, starts: np.ndarray, ends: np.ndarray):
+        self.buf, self.starts, self.ends = buf, starts, ends
+        self._bytes = None
+        self._views = None
+
+    def __call__(self, text: str, probe: str) -> np.ndarray:
+        if self._bytes is None:
+            self._bytes = self.buf.tobytes()
+        if self._bytes.find(probe.encode()) < 0:
+            return np.zeros(len(self.starts), dtype=bool)
+        if self._views is None:
+            # each line and the separator after it, over ``buf`` itself (no
+            # copy): the searched strings hold no line break
+            offsets = np.append(self.starts, self.ends[-1] if len(self.ends) else 0).astype(np.int64)
+            self._views = pa.Array.from_buffers(pa.large_binary(), len(self.starts),
+                                                [None, pa.py_buffer(offsets), pa.py_buffer(self.buf)])
+        return _true(pc.match_substring(self._views, text))
 
 
 def _blank_out(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
@@ -246,3 +348,8 @@ def _valid(arr) -> np.ndarray:
 def _ints(arr) -> np.ndarray:
     """Integer values, 0 where NULL (callers test validity separately)."""
     return np.asarray(arr.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+def _true(mask) -> np.ndarray:
+    """A boolean Arrow array as numpy, NULL as False."""
+    return np.asarray(mask.fill_null(False).to_numpy(zero_copy_only=False), dtype=bool)

@@ -25,9 +25,10 @@ on consecutive tasks (:func:`placement_sql`), and a Python task
 
 A format may hand the task a *line parser* (``parser=``, e.g.
 :class:`~spark_changelog.connectors.debezium_arrow.DebeziumArrowParser`): it
-adds typed columns for the lines it can parse and says which lines still need
-their text; the others get ``raw`` NULL, so their text never crosses to the JVM.
-Every decision (validation, dead letters) stays in Spark.
+turns the lines it can decide into finished rows of its own columns (any
+number per line, in line order) and gives every other line one row with its
+text; rows it finished get ``raw`` NULL, so their text never crosses to the
+JVM.  The other lines' decisions (validation, dead letters) stay in Spark.
 
 Normalisation (as documented for the readers): a UTF-8 byte-order mark at the
 start of a file is dropped, ``\\r\\n`` line ends count as ``\\n`` (a lone ``\\r``
@@ -89,8 +90,8 @@ def read_lines(spark, path: Union[str, Sequence[str]], *, streaming: bool = Fals
                max_files_per_trigger: Optional[int] = None, keep_header: bool = False, parser=None):
     """One row per line of the files at ``path`` (module docstring).  With
     ``keep_header`` a ``header`` column holds each file's first line (CSV);
-    with a ``parser`` its columns follow and ``raw`` is NULL where it says the
-    text is not needed."""
+    with a ``parser`` its columns follow: a line it finished is its rows with
+    ``raw`` NULL, any other line one row with its text."""
     schema = "path STRING, modificationTime TIMESTAMP, length BIGINT, content BINARY"
     if streaming:
         reader = spark.readStream.format("binaryFile").schema(schema)
@@ -175,7 +176,7 @@ def _filesystem(uri: str):
 def lines_of_range(fh, path: str, length: int, start: int, end: int, keep_header: bool,
                    schema: pa.Schema, parser=None, batch_lines: int = None) -> Iterator[pa.RecordBatch]:
     """The lines starting in ``[start, end)`` of the open file ``fh`` (with
-    ``parser``, its columns too and ``raw`` only where it asks for it), in
+    ``parser``, its rows per line: its columns, and ``raw`` only where it asks for it), in
     batches of at most ``batch_lines`` lines: the JVM converts one batch while
     the task parses the next."""
     bom = len(_BOM) if length >= 3 and fh.read_at(3, 0) == _BOM else 0
@@ -217,15 +218,20 @@ def lines_of_range(fh, path: str, length: int, start: int, end: int, keep_header
     step = batch_lines or _BATCH_LINES
     for a in range(0, len(starts), step):
         s, e = starts[a:a + step], ends[a:a + step]
-        n = len(s)
+        numbers = np.arange(line0 + a, line0 + a + len(s), dtype=np.int64)
         parsed: list = []
         if parser is None:
             raw = _string_array(buf, s, e)
         else:
-            parsed, needs_raw = parser(buf, s, e, file_no)
-            raw = _string_array(buf, s, e) if needs_raw.all() else _some_strings(buf, s, e, needs_raw)
+            line_of, parsed, needs_raw = parser(buf, s, e, file_no, numbers)
+            if needs_raw.all() and len(line_of) == len(s):
+                raw = _string_array(buf, s, e)
+            else:
+                s, e, numbers = s[line_of], e[line_of], numbers[line_of]
+                raw = _some_strings(buf, s, e, needs_raw)
+        n = len(s)
         columns = [pa.repeat(pa.scalar(path, pa.string()), n), pa.array(np.full(n, file_no, dtype=np.int64)),
-                   pa.array(np.arange(line0 + a, line0 + a + n, dtype=np.int64)), raw]
+                   pa.array(numbers), raw]
         if keep_header:
             columns.append(pa.repeat(pa.scalar(header, pa.string()), n))
         yield pa.RecordBatch.from_arrays(columns + list(parsed), schema=schema)
