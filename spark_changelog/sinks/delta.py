@@ -502,18 +502,22 @@ class DeltaUpsertSink(UpsertSink):
         dt.update_incremental()
 
     # ----------------------------------------------------------------- checks
-    def _check_arrow_batch(self, changes: pa.Table, query_id: str, batch_id: int) -> None:
-        """The checks of :meth:`_check_batch` on an Arrow batch (vectorized)."""
-        import pyarrow.compute as pc
-        cols = set(changes.column_names)
-        missing = [c for c in list(self.columns) + [KIND_COL, SEQ_COL] if c not in cols]
+    def _check_columns(self, names, query_id: str, batch_id: int) -> None:
+        """The batch has the sink's columns plus ``_kind``/``_seq`` and nothing else
+        (metadata columns aside)."""
+        missing = [c for c in list(self.columns) + [KIND_COL, SEQ_COL] if c not in set(names)]
         if missing:
             raise ValueError(f"batch {batch_id} of query {query_id!r} lacks column(s) {missing} "
                              f"(sink columns {list(self.columns)} plus {KIND_COL}/{SEQ_COL})")
-        extra = [c for c in changes.column_names if c not in self.columns and c not in METADATA_COLUMNS]
+        extra = [c for c in names if c not in self.columns and c not in METADATA_COLUMNS]
         if extra:
             raise ValueError(f"batch {batch_id} of query {query_id!r} has column(s) {extra} that are "
                              f"not in the sink schema {list(self.columns)}")
+
+    def _check_arrow_batch(self, changes: pa.Table, query_id: str, batch_id: int) -> None:
+        """The checks of :meth:`_check_batch` on an Arrow batch (vectorized)."""
+        import pyarrow.compute as pc
+        self._check_columns(changes.column_names, query_id, batch_id)
         kinds = changes[KIND_COL]
         bad = pc.invert(pc.fill_null(pc.is_in(kinds, value_set=pa.array([0, 1, 2, 3], kinds.type)), False))
         if pc.any(bad).as_py():
@@ -535,15 +539,7 @@ class DeltaUpsertSink(UpsertSink):
                     f"dead-letter output before the sink.")
 
     def _check_batch(self, changes: pd.DataFrame, query_id: str, batch_id: int) -> None:
-        cols = set(changes.columns)
-        missing = [c for c in list(self.columns) + [KIND_COL, SEQ_COL] if c not in cols]
-        if missing:
-            raise ValueError(f"batch {batch_id} of query {query_id!r} lacks column(s) {missing} "
-                             f"(sink columns {list(self.columns)} plus {KIND_COL}/{SEQ_COL})")
-        extra = [c for c in changes.columns if c not in self.columns and c not in METADATA_COLUMNS]
-        if extra:
-            raise ValueError(f"batch {batch_id} of query {query_id!r} has column(s) {extra} that are "
-                             f"not in the sink schema {list(self.columns)}")
+        self._check_columns(list(changes.columns), query_id, batch_id)
         check_kinds(changes, batch_id)
         if changes[SEQ_COL].isna().any():
             i = changes[SEQ_COL].isna().to_numpy().nonzero()[0][0]
