@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import json
+import os
 import pathlib
+import time
 from typing import Sequence
 
 import numpy as np
@@ -13,6 +15,15 @@ from hypothesis import strategies as st
 from spark_changelog.model import KIND_COL, SEQ_COL, RowKind
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures"
+
+
+def set_arrival(path, position: int) -> None:
+    """Give the file ``path`` the modification time of arrival ``position``
+    (one second apart): Spark's file stream source takes the oldest files
+    first, and files written within the same millisecond could otherwise come
+    in either order (a rare flaky failure of order-dependent tests)."""
+    t = time.time() - 100 + position
+    os.utime(path, (t, t))
 
 
 def load_fixture(relpath: str):

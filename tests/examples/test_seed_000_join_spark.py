@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from changelog_data import key_groups_separating, load_fixture, schema_of, to_frame, to_rows
+from changelog_data import key_groups_separating, load_fixture, schema_of, set_arrival, to_frame, to_rows
 from spark_changelog.api import ChangelogStream, PlanWarning
 from spark_changelog.model import KIND_COL, SEQ_COL
 from spark_changelog.operators.sink_upsert_materializer import SinkUpsertMaterializer
@@ -64,8 +64,9 @@ def test_each_sink_arrival_order_through_the_materializer(name):
 def write(directory, frames, schema):
     os.makedirs(directory, exist_ok=True)
     for i, f in enumerate(frames):
-        pq.write_table(pa.Table.from_pandas(f, schema=schema, preserve_index=False),
-                       os.path.join(directory, f"part-{i:04d}.parquet"))
+        path = os.path.join(directory, f"part-{i:04d}.parquet")
+        pq.write_table(pa.Table.from_pandas(f, schema=schema, preserve_index=False), path)
+        set_arrival(path, i)
 
 
 def read(spark, directory, schema, pk, streaming, name):

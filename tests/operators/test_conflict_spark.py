@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from changelog_data import schema_of, to_frame, to_rows
+from changelog_data import schema_of, set_arrival, to_frame, to_rows
 from spark_changelog.api import ChangelogStream
 from spark_changelog.model import END_OF_INPUT_MS, KIND_COL, SEQ_COL, RowKind
 from spark_changelog.operators.sink_upsert_materializer import (PrimaryKeyConstraintViolation,
@@ -62,8 +62,9 @@ def write_files(directory, files):
         f = to_frame(rows, COLS, seqs=range(seq, seq + len(rows)))
         seq += len(rows)
         frames.append(f)
-        pq.write_table(pa.Table.from_pandas(f, schema=ARROW, preserve_index=False),
-                       os.path.join(directory, f"part-{i:04d}.parquet"))
+        path = os.path.join(directory, f"part-{i:04d}.parquet")
+        pq.write_table(pa.Table.from_pandas(f, schema=ARROW, preserve_index=False), path)
+        set_arrival(path, i)
     return frames
 
 

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from changelog_data import to_frame
+from changelog_data import set_arrival, to_frame
 from spark_changelog.api import ChangelogStream
 from spark_changelog.model import KIND_COL, SEQ_COL
 from spark_changelog.sinks.delta import read_table
@@ -22,8 +22,9 @@ ARROW = pa.schema([pa.field("id", pa.int64()), pa.field("name", pa.string()),
 def write_files(directory, frames):
     os.makedirs(directory, exist_ok=True)
     for i, f in enumerate(frames):
-        pq.write_table(pa.Table.from_pandas(f, schema=ARROW, preserve_index=False),
-                       os.path.join(directory, f"part-{i:04d}.parquet"))
+        path = os.path.join(directory, f"part-{i:04d}.parquet")
+        pq.write_table(pa.Table.from_pandas(f, schema=ARROW, preserve_index=False), path)
+        set_arrival(path, i)
 
 
 def stream_of(spark, directory, streaming):

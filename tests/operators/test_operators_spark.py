@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from changelog_data import schema_of, to_frame, to_rows
+from changelog_data import schema_of, set_arrival, to_frame, to_rows
 from spark_changelog.model import END_OF_INPUT_MS
 from spark_changelog.operators.aggregate.group_aggregate import GroupAggregate
 from spark_changelog.operators.deduplicate import ProcTimeKeepFirst, RowTimeKeepFirst, RowTimeKeepLast
@@ -66,9 +66,10 @@ def changelog_files(seed, n_files=3, per_file=15):
 def write_files(directory, files):
     os.makedirs(directory, exist_ok=True)
     for i, rows in enumerate(files):
+        path = os.path.join(directory, f"part-{i:04d}.parquet")
         pq.write_table(pa.Table.from_pandas(to_frame(rows, COLS), schema=ARROW,
-                                            preserve_index=False),
-                       os.path.join(directory, f"part-{i:04d}.parquet"))
+                                            preserve_index=False), path)
+        set_arrival(path, i)
 
 
 def run_spark(spark, directory, operator, streaming, watermark=False):

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from changelog_data import schema_of, to_frame
+from changelog_data import schema_of, set_arrival, to_frame
 from spark_changelog.api import ChangelogStream
 from spark_changelog.sinks.delta import read_table
 
@@ -26,8 +26,9 @@ FILES = [
 def test_normalize_then_materializer_reports_both(spark, tmp_path, streaming):
     os.makedirs(tmp_path / "in")
     for i, rows in enumerate(FILES):
-        pq.write_table(pa.Table.from_pandas(to_frame(rows, COLS), schema=ARROW, preserve_index=False),
-                       str(tmp_path / "in" / f"part-{i}.parquet"))
+        path = str(tmp_path / "in" / f"part-{i}.parquet")
+        pq.write_table(pa.Table.from_pandas(to_frame(rows, COLS), schema=ARROW, preserve_index=False), path)
+        set_arrival(path, i)
     from pyspark.sql.pandas.types import from_arrow_schema
     st = from_arrow_schema(ARROW)
     d = str(tmp_path / "in")

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from changelog_data import schema_of, to_frame, to_rows
+from changelog_data import schema_of, set_arrival, to_frame, to_rows
 from spark_changelog.api import ChangelogStream
 from spark_changelog.connectors.dead_letter import read_dead_letter
 from spark_changelog.operators.sink_upsert_materializer import SinkUpsertMaterializer
@@ -39,8 +39,9 @@ def write_input(directory):
     os.makedirs(directory, exist_ok=True)
     f = to_frame(ROWS, COLS)
     for i, part in enumerate((f.iloc[:3], f.iloc[3:])):
-        pq.write_table(pa.Table.from_pandas(part, schema=ARROW, preserve_index=False),
-                       os.path.join(directory, f"part-{i}.parquet"))
+        path = os.path.join(directory, f"part-{i}.parquet")
+        pq.write_table(pa.Table.from_pandas(part, schema=ARROW, preserve_index=False), path)
+        set_arrival(path, i)
 
 
 def stream(spark, directory, streaming):
