@@ -413,11 +413,6 @@ def _with_metrics_column(df):
     return df.withColumn(METRICS_COL, F.lit(None).cast("string"))
 
 
-def _nullable(df):
-    from pyspark.sql.types import StructField, StructType
-    return StructType([StructField(f.name, f.dataType, True, f.metadata) for f in df.schema])
-
-
 def _fold_partition(table: pa.Table, operator: KeyedOperator, extra=None) -> pa.Table:
     """``table`` (one input partition's rows) without the rows
     ``operator.prefold_keep`` drops, plus one side row with the counters

@@ -315,12 +315,13 @@ class DeltaUpsertSink(UpsertSink):
             custom_metadata={_QUERY_ID_META: query_id, "spark_changelog.batch_id": batch_id},
             **kwargs)
 
-    def _commit_progress_only(self, dt, query_id: str, batch_id: int) -> None:
-        """A commit with no data, holding only the ``txn`` action."""
+    def _commit_progress_only(self, dt, query_id: str, batch_id: int, props=None) -> None:
+        """A commit with no data, holding only the ``txn`` action (``props``:
+        other commit properties, default the batch's)."""
         dt.create_write_transaction(
             [], mode="append", schema=dt.schema(),
             partition_by=list(dt.metadata().partition_columns) or None,
-            commit_properties=self._commit_properties(query_id, batch_id))
+            commit_properties=props or self._commit_properties(query_id, batch_id))
         dt.update_incremental()
 
     # ------------------------------------------------------------------ write
@@ -492,13 +493,11 @@ class DeltaUpsertSink(UpsertSink):
         commit took that version."""
         props = self._commit_properties(query_id, batch_id, max_commit_retries=0)
         if adds.num_rows == 0:
-            dt.create_write_transaction(
-                [], mode="append", schema=dt.schema(),
-                partition_by=list(dt.metadata().partition_columns) or None, commit_properties=props)
-        else:
-            _deltalake().write_deltalake(
-                dt, adds, mode="append", partition_by=list(dt.metadata().partition_columns) or None,
-                writer_properties=self.writer_properties, commit_properties=props)
+            self._commit_progress_only(dt, query_id, batch_id, props)
+            return
+        _deltalake().write_deltalake(
+            dt, adds, mode="append", partition_by=list(dt.metadata().partition_columns) or None,
+            writer_properties=self.writer_properties, commit_properties=props)
         dt.update_incremental()
 
     # ----------------------------------------------------------------- checks
