@@ -17,8 +17,17 @@ forked workers inherit the path.  Any other layout (a cluster's
 """
 from __future__ import annotations
 
+import importlib
 import os
 import sys
+
+#: modules every Python worker of this package's jobs imports, imported once
+#: in the daemon before it forks the workers (:func:`preload`)
+PRELOADED = ("numpy", "pyarrow", "pyarrow.compute", "pyarrow.ipc", "pandas",
+             "pyspark.worker",
+             "spark_changelog.connectors.lines", "spark_changelog.connectors.debezium_arrow",
+             "spark_changelog.runtime.spark_keyed", "spark_changelog.runtime.spark_seen_keys",
+             "spark_changelog.runtime.spark_event_time")
 
 
 def installed_pyspark_dir(path: list) -> str | None:
@@ -43,11 +52,39 @@ def without_bundled_copies(path: list) -> list:
             if not (entry.endswith((".zip", ".jar")) and os.path.realpath(entry).startswith(prefix))]
 
 
+def preload(modules=PRELOADED) -> None:
+    """Import ``modules`` in the daemon, so the workers it forks have them.
+
+    PySpark's daemon imports nothing before it forks, because a thread
+    running at ``fork()`` is not copied into the child.  Importing these
+    starts two: OpenBLAS's worker (numpy) and jemalloc's background thread
+    (pyarrow).  Both libraries make ``fork()`` safe themselves
+    (``pthread_atfork`` handlers); OpenBLAS is started single-threaded here,
+    so it has no worker thread at all (the workers do no BLAS work; the
+    variable is restored, so the children's environment is Spark's).  A
+    module that fails to import is left to the worker that needs it, which
+    then reports the error as usual."""
+    saved = os.environ.get("OPENBLAS_NUM_THREADS")
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"
+    try:
+        for name in modules:
+            try:
+                importlib.import_module(name)
+            except Exception:       # noqa: BLE001 - the worker re-raises it where it matters
+                pass
+    finally:
+        if saved is None:
+            os.environ.pop("OPENBLAS_NUM_THREADS", None)
+        else:
+            os.environ["OPENBLAS_NUM_THREADS"] = saved
+
+
 def main() -> None:
     kept = without_bundled_copies(sys.path)
     for entry in set(sys.path) - set(kept):
         sys.path_importer_cache.pop(entry, None)
     sys.path[:] = kept
+    preload()
     from pyspark.daemon import manager
     manager()
 

@@ -32,3 +32,25 @@ def test_workers_import_pyspark_from_the_package(spark):
     import pyspark
     assert files == [(pyspark.__file__, False)] * 2
     assert not os.path.dirname(pyspark.__file__).endswith(".zip")
+
+
+def test_workers_start_with_the_shared_modules_imported(spark):
+    """The daemon imports numpy, pyarrow, pandas and the package's worker
+    modules once, before it forks (``worker_daemon.preload``): a plain RDD
+    task, which imports none of them itself, finds them loaded; the
+    single-threaded OpenBLAS setting does not leak into the workers'
+    environment."""
+    def probe(_):
+        import os
+        import sys
+        return (all(m in sys.modules for m in ("pyarrow", "pandas", "spark_changelog.runtime.spark_keyed")),
+                os.environ.get("OPENBLAS_NUM_THREADS"))
+    seen = spark.sparkContext.parallelize([0, 1], 2).map(probe).collect()
+    assert seen == [(True, os.environ.get("OPENBLAS_NUM_THREADS"))] * 2
+
+
+def test_preload_leaves_failing_modules_to_the_worker(monkeypatch):
+    from spark_changelog.runtime.worker_daemon import preload
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    preload(("json", "no_such_module_of_spark_changelog"))
+    assert "OPENBLAS_NUM_THREADS" not in os.environ
