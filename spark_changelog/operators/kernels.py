@@ -232,3 +232,36 @@ def arrow_key_arrays(table, key: Sequence[str]) -> list[np.ndarray]:
             enc = pc.dictionary_encode(col, null_encoding="encode")
             out.append(enc.indices.to_numpy(zero_copy_only=False))
     return out
+
+
+def sort_arrays(df: pd.DataFrame, columns: Sequence[str]) -> list[np.ndarray]:
+    """One numpy array per column of ``df`` whose ascending order is pandas'
+    order of that column (nulls last), for :func:`stable_order`: numbers as
+    they are (NaN sorts last in numpy as in pandas), timestamps as int64,
+    anything else (strings, columns with NaT or NA) as codes of its sorted
+    distinct values with nulls after them (``pd.factorize(sort=True)``, the
+    order pandas' own multi-column sort uses)."""
+    out = []
+    for c in columns:
+        col = df[c]
+        dtype = col.dtype
+        if isinstance(dtype, np.dtype) and dtype.kind in "biuf":
+            out.append(col.to_numpy())
+            continue
+        if (isinstance(dtype, pd.DatetimeTZDtype) or (isinstance(dtype, np.dtype) and dtype.kind == "M")) \
+                and not col.isna().any():
+            out.append(col.array.asi8)
+            continue
+        codes, uniques = pd.factorize(col, sort=True)
+        out.append(np.where(codes < 0, len(uniques), codes))
+    return out
+
+
+def stable_order(df: pd.DataFrame, columns: Sequence[str]) -> np.ndarray:
+    """The permutation ``df.sort_values(columns, kind="stable")`` applies, as
+    positions: one ``np.lexsort`` over :func:`sort_arrays` (pandas factorizes
+    and sorts every key column's values first, ~3x slower on integer keys)."""
+    arrays = sort_arrays(df, columns)
+    if not len(df):
+        return np.zeros(0, dtype=np.int64)
+    return np.lexsort(tuple(reversed(arrays)))

@@ -39,6 +39,7 @@ from ..model.rowkind import IS_ADD
 from ..model.watermark import DAY_MS
 from .base import KeyedOperator, OpContext
 from .deduplicate import keep_last_changes
+from .kernels import stable_order
 from .keys import first_of_key, last_of_key, lookup_unique
 
 DELETED_COL = "_deleted"   # state: True for a tombstone
@@ -85,12 +86,12 @@ class ChangelogNormalize(KeyedOperator):
         than it, so ``process`` folds it away, or drops it as superseded if
         the last one is superseded too.  Holds for any part of the batch, so
         a runtime may apply it per input partition, before the shuffle."""
-        rows = rows.reset_index(drop=True)
         key = list(self.key)
-        adds = rows[rows[KIND_COL].to_numpy(np.int64) != RowKind.UPDATE_BEFORE]
-        ordered = adds.sort_values(key + [SEQ_COL], kind="stable")
-        last = last_of_key(ordered.reset_index(drop=True), key)
-        return np.sort(ordered.index.to_numpy()[last])
+        adds = np.flatnonzero(rows[KIND_COL].to_numpy(np.int64) != RowKind.UPDATE_BEFORE)
+        candidates = rows.iloc[adds]
+        order = stable_order(candidates, key + [SEQ_COL])
+        last = last_of_key(candidates[key].iloc[order].reset_index(drop=True), key)
+        return np.sort(adds[order[last]])
 
     # -- state expiry -------------------------------------------------------
     def _expired(self, state: pd.DataFrame, now: int) -> np.ndarray:

@@ -9,6 +9,7 @@ import pandas as pd
 
 from ..model import SEQ_COL
 from ..operators.base import KeyedOperator, OpContext
+from ..operators.kernels import stable_order
 from ..operators.keys import distinct_keys
 from .state_runs import RunStack, concat_rows
 
@@ -21,7 +22,7 @@ def sort_rows(rows: pd.DataFrame, key) -> pd.DataFrame:
     columns = list(key) + [SEQ_COL]
     if is_sorted(rows, columns):
         return rows.reset_index(drop=True)
-    return rows.sort_values(columns, kind="stable").reset_index(drop=True)
+    return rows.take(stable_order(rows, columns)).reset_index(drop=True)
 
 
 def is_sorted(rows: pd.DataFrame, columns) -> bool:

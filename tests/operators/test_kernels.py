@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from hypothesis import given, settings, strategies as st
 
-from spark_changelog.operators.kernels import rows_equal
+from spark_changelog.operators.kernels import rows_equal, stable_order
 
 
 def test_rows_equal_nulls_equal_nulls_for_every_column_type():
@@ -36,3 +37,31 @@ def test_rows_equal_on_zoned_timestamps_does_not_box_each_value():
     eq = rows_equal(a, b, ["t"])
     assert time.perf_counter() - start < 0.5
     assert eq[:-1].all() and not eq[-1]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_stable_order_is_pandas_stable_sort(data):
+    """``stable_order`` is the permutation of pandas' stable ``sort_values``
+    for every column kind an operator key can have: integers, floats with
+    NaN and -0.0, strings with None, zoned timestamps with NaT, nullable
+    integers."""
+    n = data.draw(st.integers(0, 30))
+    ints = data.draw(st.lists(st.integers(-3, 3), min_size=n, max_size=n))
+    floats = data.draw(st.lists(st.sampled_from([0.0, -0.0, 1.5, float("nan"), -2.0]), min_size=n, max_size=n))
+    strs = data.draw(st.lists(st.sampled_from(["a", "b", "", None, "ab"]), min_size=n, max_size=n))
+    ms = data.draw(st.lists(st.sampled_from([0.0, 5.0, None]), min_size=n, max_size=n))
+    df = pd.DataFrame({"i": np.array(ints, dtype=np.int64), "f": np.array(floats, dtype=float),
+                       "s": pd.Series(strs, dtype=object),
+                       "t": pd.to_datetime(pd.Series(ms, dtype=float), unit="ms", utc=True),
+                       "n": pd.array([x if x else None for x in ints], dtype="Int64")})
+    for cols in (["i"], ["f", "i"], ["s", "i"], ["t", "s"], ["n", "f"], ["s", "t", "i"]):
+        expected = df.sort_values(cols, kind="stable").index.to_numpy()
+        assert stable_order(df, cols).tolist() == expected.tolist(), cols
+
+
+
+def test_stable_order_orders_mixed_values_as_pandas_does():
+    df = pd.DataFrame({"k": pd.Series([2, "a", 1, None, "a"], dtype=object), "_seq": [3, 2, 1, 0, 1]})
+    expected = df.sort_values(["k", "_seq"], kind="stable").index.tolist()
+    assert stable_order(df, ["k", "_seq"]).tolist() == expected == [2, 0, 4, 1, 3]
