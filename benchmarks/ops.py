@@ -26,6 +26,16 @@ Jobs, each a streaming query reading one file per micro-batch
   each id (the same result, computed in one batch job);
 * ``top3``: ``top_n(3, "k", "v DESC", with_rank=True)`` (insert-only input).
 
+``--floor`` adds, after ``keep_first``, the two cheapest exact shapes a
+keep-first on a streaming plan can have, each with a Python step that does
+no work, into Delta like the others: the batch in one task through an
+identity ``mapInArrow`` (ours' shape), and a keep-flag pandas UDF over only
+the key and ``_seq`` (the rows stay in the JVM), each followed by native
+``dropDuplicates``.  Spark refuses sorts and windows on a streaming plan, so
+taking each key's first row by ``_seq`` within a micro-batch needs one of
+them; their time against native's is the ceiling of any such operator
+(docs/runtime.md, "Keep first on processing time").
+
 rows/s is input changes / wall time of the whole job (query start to end,
 including Spark's planning and the Delta commits); the median micro-batch time
 is printed beside it.  Flink 2.3 on this machine (1M rows over 100k keys, warm
@@ -42,7 +52,10 @@ import statistics
 import tempfile
 import time
 
+from typing import Iterator, Tuple
+
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -136,6 +149,33 @@ def line(name: str, rows: int, secs: float, batches=None, ref=None) -> float:
     return rate
 
 
+def keep_first_floor(spark, directory: str, work: str, shape: str):
+    """A keep-first shape whose Python step does no work (``--floor``):
+    returns (seconds, micro-batch seconds)."""
+    from deltalake import write_deltalake
+    from pyspark.sql.functions import pandas_udf
+
+    df = spark.readStream.schema(INSERTS_DDL).option("maxFilesPerTrigger", 1).parquet(directory)
+    if shape == "identity mapInArrow":
+        def identity(batches):
+            yield from batches
+        df = df.coalesce(1).mapInArrow(identity, df.schema)
+    else:
+        @pandas_udf("boolean")
+        def keep(it: Iterator[Tuple[pd.Series, pd.Series]]) -> Iterator[pd.Series]:
+            for k, _ in it:
+                yield pd.Series(True, index=k.index)
+        # non-deterministic, or Spark moves the filter below the shuffle
+        df = df.coalesce(1).where(keep.asNondeterministic()("k", "_seq"))
+    table = os.path.join(work, "table")
+    t = time.perf_counter()
+    q = (df.dropDuplicates(["k"]).writeStream
+         .foreachBatch(lambda b, _: write_deltalake(table, b.toArrow(), mode="append"))
+         .option("checkpointLocation", os.path.join(work, "ck")).trigger(availableNow=True).start())
+    q.awaitTermination()
+    return time.perf_counter() - t, batch_seconds(q)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rows", type=int, default=1_000_000)
@@ -144,6 +184,8 @@ def main(argv=None) -> None:
     ap.add_argument("--key-groups", type=int, default=None)
     ap.add_argument("--only", default="keep_first,keep_first_rowtime,keep_last_rowtime,"
                                        "aggregate,top3")
+    ap.add_argument("--floor", action="store_true",
+                    help="also run the keep-first floors (a Python step doing no work + dropDuplicates)")
     ap.add_argument("--work", default=None, help="directory for inputs and tables (default: a temp dir)")
     args = ap.parse_args(argv)
     only = set(args.only.split(","))
@@ -207,6 +249,12 @@ def main(argv=None) -> None:
         secs = time.perf_counter() - t
         native = line("native streaming dropDuplicates -> Delta", args.rows, secs, batch_seconds(q))
         print(f"  => ours / native: {results['keep_first'] / native:.2f}x")
+        if args.floor:
+            for shape in ("identity mapInArrow", "keep-flag UDF"):
+                secs, batches = keep_first_floor(spark, ins_dir, os.path.join(work, "floor-" + shape[:4]),
+                                                 shape)
+                rate = line(f"floor: {shape} + dropDuplicates", args.rows, secs, batches)
+                print(f"  => floor / native: {rate / native:.2f}x")
     for name, keep in (("keep_first_rowtime", "first"), ("keep_last_rowtime", "last")):
         if name not in only:
             continue
