@@ -151,6 +151,7 @@ from spark_changelog.connectors.seq_layout import (  # noqa: F401  (the _seq lay
     BINLOG_FILE_BITS, BINLOG_OFFSET_BITS, FILE_LINE_BITS, FILE_NO_BITS, LSN_BITS, PHASE_AFTER, PHASE_BEFORE,
     POSITION_BITS, TS_LINE_BITS, TS_MS_BITS)
 from spark_changelog.model import METRICS_COL as SIDE_COL, METRICS_KIND as SIDE_KIND
+from spark_changelog.model import PACKED_GROUP_COL, PACKED_ROWS_COL
 from spark_changelog.model.schema import (
     KIND_COL,
     SEQ_COL,
@@ -235,6 +236,25 @@ class ReadResult:
     streaming: bool
     fail_on_invalid: bool = False   # a strict streaming read: ``changes`` fails on a bad record
     _counts: Optional[dict] = dataclasses.field(default=None, repr=False)
+    #: (format module, ReadContext) the rows were built from: :meth:`packed_rows`
+    _built_from: Optional[tuple] = dataclasses.field(default=None, repr=False)
+
+    def packed_rows(self, packer: Callable) -> Optional[DataFrame]:
+        """The :attr:`rows` of a second read plan whose line task packs the
+        lines it finishes with ``packer`` (finished change rows as an Arrow
+        table -> (key group, packed rows) pairs): each pair leaves as one row
+        of kind ``PACKED_KIND`` with the extra columns ``PACKED_GROUP_COL``
+        and ``PACKED_ROWS_COL``; every other line and side row as in
+        :attr:`rows`.  Only for the one keyed operator reading this source
+        (docs/runtime.md, "Packing in the line task").  None when the
+        format's line task finishes no rows (every format but Debezium, or a
+        column type its fast path does not parse)."""
+        if self._built_from is None:
+            return None
+        module, ctx = self._built_from
+        if not getattr(module, "finishes_rows", lambda _ctx: False)(ctx):
+            return None
+        return finish(module.parse(dataclasses.replace(ctx, packer=packer)), ctx).rows
 
     @property
     def changes(self) -> DataFrame:
@@ -303,6 +323,9 @@ class ReadContext:
     kind_column: str
     seq_column: Optional[str]
     csv_options: Mapping[str, str]
+    #: packs the finished rows of the line task per key group (a runtime's
+    #: callable, :meth:`ReadResult.packed_rows`); None: rows leave unpacked
+    packer: Optional[Callable] = None
 
     @property
     def columns(self) -> list[str]:
@@ -359,7 +382,7 @@ def read_changes(
         seq_column=seq_column, csv_options=dict(csv_options or {}),
     )
     module = importlib.import_module(f"spark_changelog.connectors.{FORMATS[format]}")
-    result = finish(module.parse(ctx), ctx)
+    result = dataclasses.replace(finish(module.parse(ctx), ctx), _built_from=(module, ctx))
     if strict and not streaming:
         raise_if_invalid(result.invalid)
     return result
@@ -838,9 +861,11 @@ def finish(parsed: DataFrame, ctx: ReadContext) -> ReadResult:
                                 f"'line', line, 'reason', {reason}))")
     skip = side_row(ctx.schema, f"named_struct('{SKIPPED}', named_struct('raw', raw, 'file', file, "
                                 f"'line', line, 'category', _skip_category, 'reason', _skip_reason))")
+    # a line task's packed rows keep their two columns (ReadResult.packed_rows)
+    packed = [c for c in (PACKED_GROUP_COL, PACKED_ROWS_COL) if c in parsed.columns]
     rows = parsed.selectExpr(
         f"inline(CASE WHEN _skip_category IS NOT NULL THEN array({skip}) "
-        f"WHEN {bad} THEN array({dead}) ELSE _changes END)")
+        f"WHEN {bad} THEN array({dead}) ELSE _changes END)", *packed)
     key = ctx.primary_key
     stream_schema = StreamSchema(columns=tuple(ctx.columns), primary_key=key,
                                  upsert_key=key if key else None, mode=ChangelogMode.RETRACT)

@@ -35,6 +35,7 @@ from pyspark.sql import types as T
 
 from spark_changelog.connectors import cdc_json as C
 from spark_changelog.connectors.cdc_json import Sql, all_of, concat, lit, when
+from spark_changelog.model import PACKED_GROUP_COL, PACKED_ROWS_COL
 
 OPS = ("c", "r", "u", "d")
 #: column types whose conversion by Arrow's JSON reader (strict: no conversion at all) the
@@ -91,6 +92,12 @@ def arrow_parser(schema, key):
     return DebeziumArrowParser([(f.name, f.dataType.simpleString()) for f in schema.fields], key)
 
 
+def finishes_rows(ctx: C.ReadContext) -> bool:
+    """Whether the line task finishes lines (and so can pack them:
+    ``ReadResult.packed_rows``)."""
+    return arrow_parser(ctx.schema, ctx.primary_key) is not None
+
+
 class _Stages:
     """The VARIANT path's named stages: each one projection's worth of columns
     that later stages reference by name (:meth:`__call__` gives the SQL).
@@ -128,10 +135,12 @@ class _Stages:
         slow = f"CASE WHEN reflect('java.lang.String', 'valueOf', raw) IS NOT NULL THEN {struct} END"
         fast = self.fast or "false"
         df = self.df.selectExpr("*", f"CASE WHEN {fast} THEN NULL ELSE {slow} END AS _slow")
+        # packed rows (the line task's, with a packer) keep their two columns
+        packed = [c for c in (PACKED_GROUP_COL, PACKED_ROWS_COL) if c in self.df.columns]
         if self.fast is None:
-            return df.selectExpr("file", "line", "raw", *[f"_slow.{n}" for n in columns])
+            return df.selectExpr("file", "line", "raw", *[f"_slow.{n}" for n in columns], *packed)
         return df.selectExpr("file", "line", "raw", *[f"CASE WHEN {fast} THEN {fast_columns[n]} ELSE _slow.{n} END AS {n}"
-                                                      for n in columns])
+                                                      for n in columns], *packed)
 
 
 def parse(ctx: C.ReadContext) -> DataFrame:
@@ -144,6 +153,9 @@ def parse(ctx: C.ReadContext) -> DataFrame:
     :class:`_Stages`, which the finished rows never run."""
     cols, key, schema = ctx.columns, ctx.primary_key, ctx.schema
     parser = arrow_parser(schema, key)
+    if parser is not None and ctx.packer is not None:
+        from spark_changelog.connectors.debezium_arrow import PackingParser
+        parser = PackingParser(parser, ctx.packer)
     df = C.read_lines(ctx, parser=parser)
     r = stages = _Stages(df, "raw IS NULL" if parser is not None else None)
     stages.add(_v="try_parse_json(raw)")

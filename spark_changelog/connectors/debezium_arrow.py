@@ -42,6 +42,7 @@ from spark_changelog.connectors.seq_layout import (BINLOG_FILE_BITS, BINLOG_OFFS
                                                    FILE_NO_BITS, LSN_BITS, PHASE_AFTER, PHASE_BEFORE, TS_LINE_BITS,
                                                    TS_MS_BITS)
 from spark_changelog.model.rowkind import RowKind
+from spark_changelog.model.schema import KIND_COL, PACKED_GROUP_COL, PACKED_KIND, PACKED_ROWS_COL, SEQ_COL
 
 #: Spark simple type name -> Arrow type, for the user columns of the fast path
 #: (debezium.FAST_TYPES)
@@ -251,6 +252,47 @@ class DebeziumArrowParser:
         for k in self.primary_key:
             ok &= _valid(children[k])
         return ok
+
+
+class PackingParser:
+    """A :class:`DebeziumArrowParser` whose finished rows leave the line task
+    packed (``cdc_json.ReadResult.packed_rows``, docs/runtime.md, "Packing in
+    the line task"): ``packer`` turns a table of finished change rows (the
+    user columns by name, ``_kind``, ``_seq``) into (key group, packed rows)
+    pairs, and each pair leaves as one row: ``_j_kind`` = ``PACKED_KIND``,
+    ``_j_seq`` 0, the user columns NULL, and the two packed columns.  The
+    lines left to Spark leave as the parser gives them."""
+
+    def __init__(self, parser: DebeziumArrowParser, packer):
+        self.parser, self.packer = parser, packer
+        self.fields = parser.fields + [pa.field(PACKED_GROUP_COL, pa.int32()),
+                                       pa.field(PACKED_ROWS_COL, pa.binary())]
+
+    @property
+    def ddl(self) -> str:
+        return self.parser.ddl + f", {PACKED_GROUP_COL} INT, {PACKED_ROWS_COL} BINARY"
+
+    def __call__(self, buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, file_no: int,
+                 line_numbers: np.ndarray) -> tuple[np.ndarray, list[pa.Array], np.ndarray]:
+        line_of, values, needs_raw = self.parser(buf, starts, ends, file_no, line_numbers)
+        finished = np.flatnonzero(~needs_raw)
+        if not len(finished):
+            n = len(line_of)
+            return line_of, values + [pa.nulls(n, pa.int32()), pa.nulls(n, pa.binary())], needs_raw
+        names = [c for c, _ in self.parser.columns] + [KIND_COL, SEQ_COL]
+        pairs = list(self.packer(pa.table([v.take(finished) for v in values], names=names)))
+        rest = np.flatnonzero(needs_raw)
+        m = len(pairs)
+        # a packed row is numbered as the first finished line: it is never
+        # reported by line (its rows are valid changes)
+        out_line_of = np.concatenate([line_of[rest], np.full(m, line_of[finished[0]])])
+        out = [pa.concat_arrays([v.take(rest), pa.nulls(m, v.type)]) for v in values[:-2]]
+        out.append(pa.concat_arrays([values[-2].take(rest), pa.array(np.full(m, PACKED_KIND, np.int8))]))
+        out.append(pa.concat_arrays([values[-1].take(rest), pa.array(np.zeros(m, np.int64))]))
+        out.append(pa.concat_arrays([pa.nulls(len(rest), pa.int32()), pa.array([g for g, _ in pairs], pa.int32())]))
+        out.append(pa.concat_arrays([pa.nulls(len(rest), pa.binary()),
+                                     pa.array([b for _, b in pairs], pa.binary())]))
+        return out_line_of, out, np.concatenate([needs_raw[rest], np.zeros(m, dtype=bool)])
 
 
 def _position(lsn, file, pos, row, ts, file_no: int, line: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -31,6 +31,14 @@ METADATA_COLUMNS = (KIND_COL, SEQ_COL)
 #: every operator to the sink handler (docs/plan.md, "Lowering")
 METRICS_COL = "_metrics"
 METRICS_KIND = -1
+#: packed rows: a reader's line task may pack a keyed operator's input rows
+#: per key group itself (docs/runtime.md, "Packing in the line task"); such a
+#: row (``_kind = -2``, data columns null) carries the key group and the
+#: packed rows in two extra columns, and only that operator's packing pass
+#: ever sees it
+PACKED_KIND = -2
+PACKED_GROUP_COL = "_packed_kg"
+PACKED_ROWS_COL = "_packed_rows"
 
 
 class ChangelogMode(enum.Enum):

@@ -47,6 +47,9 @@ class Lowered:
     #: the operators that read source rows directly (their input rows are
     #: the changelog rows the sources produced: the report's "rows in")
     entry: tuple = ()
+    #: the reader whose rows ``df`` is (a source node), else None: a keyed
+    #: operator reading them directly lets its line task pack them
+    reader: Optional[object] = None
 
     def then(self, df, op) -> "Lowered":
         """This input followed by the keyed operator ``op`` (output ``df``)."""
@@ -214,7 +217,11 @@ def _without_global_key(out: Lowered) -> Lowered:
 
 
 def _keyed(inp: Lowered, df, op, key_groups: Optional[int]) -> Lowered:
-    return inp.then(apply_keyed(df, op, key_groups=key_groups or DEFAULT_KEY_GROUPS), op)
+    # an operator reading a reader's rows as they are packs them in the
+    # reader's line task (docs/runtime.md, "Packing in the line task")
+    direct = getattr(inp.reader, "packed_rows", None) is not None and df is inp.reader.rows
+    return inp.then(apply_keyed(df, op, key_groups=key_groups or DEFAULT_KEY_GROUPS,
+                                packed_source=inp.reader.packed_rows if direct else None), op)
 
 
 def _source(node: Source) -> Lowered:
@@ -224,7 +231,7 @@ def _source(node: Source) -> Lowered:
     if node.reader is not None and node.mode is ChangelogMode.INSERT_ONLY and \
             node.reader.stream_schema.mode is not ChangelogMode.INSERT_ONLY:
         df = _insert_only(df, node.name)
-    return Lowered(df)
+    return Lowered(df, reader=node.reader)
 
 
 def _insert_only(df, name: str):

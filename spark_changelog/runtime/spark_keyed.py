@@ -43,18 +43,20 @@ from __future__ import annotations
 import json
 import time
 import zlib
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.streaming import StatefulProcessor
 from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 
-from ..model import KIND_COL, METRICS_COL, METRICS_KIND, SEQ_COL, RowKind
+from ..model import KIND_COL, METRICS_COL, METRICS_KIND, PACKED_GROUP_COL, PACKED_ROWS_COL, SEQ_COL, RowKind
 from ..model.watermark import END_OF_INPUT_MS
 from ..operators.base import KeyedOperator, Metrics, OpContext
-from .arrow_packing import PACKED_COL, pack_groups, packed_batch, packed_schema, unpack
+from .arrow_packing import PACKED_COL, conform, pack_groups, packed_batch, packed_schema, unpack
+from .spark_hash import key_groups as key_groups_of, supports as spark_hash_supports
 from .keygroup import fire_watermark, next_timer_ms, pending_rows, process_key_group
 from .state_runs import WORKER_CACHE, Run, RunStack, concat_rows, run_schema
 
@@ -362,11 +364,13 @@ class KeyGroupProcessor(StatefulProcessor):
 
 
 def apply_keyed(df, operator: KeyedOperator, *, key_groups: int = DEFAULT_KEY_GROUPS,
-                growth: float = 1.0, max_runs: int = 8, processing_time_ms: Optional[int] = None):
+                growth: float = 1.0, max_runs: int = 8, processing_time_ms: Optional[int] = None,
+                packed_source: Optional[Callable] = None):
     """The operator's output (plus metric rows) as a Spark DataFrame.
 
     A streaming ``df`` runs with state in the state store; a bounded one is
     processed in one go per key group, with the same operator code.
+    ``packed_source``: see :func:`pack_key_groups`.
     """
     if df.isStreaming and operator.state_is_seen_keys:
         from .spark_seen_keys import apply_seen_keys
@@ -374,7 +378,7 @@ def apply_keyed(df, operator: KeyedOperator, *, key_groups: int = DEFAULT_KEY_GR
     time_zone = df.sparkSession.conf.get("spark.sql.session.timeZone")
     out_schema = spark_schema(output_schema_with_metrics(operator))
     if df.isStreaming:
-        packed, columns = pack_key_groups(df, operator, key_groups)
+        packed, columns = pack_key_groups(df, operator, key_groups, packed_source=packed_source)
         processor = KeyGroupProcessor(operator, columns, growth, max_runs, time_zone, key_groups)
         return packed.groupBy(KEY_GROUP_COL).transformWithStateInPandas(
             statefulProcessor=processor, outputStructType=out_schema,
@@ -383,7 +387,7 @@ def apply_keyed(df, operator: KeyedOperator, *, key_groups: int = DEFAULT_KEY_GR
     # the same packed input as streaming: Spark shuffles and groups a few
     # blobs per key group instead of sorting every row (``keygroup.sort_rows``
     # sorts each key group's rows by key and ``_seq`` in the Python step)
-    packed, columns = pack_key_groups(df, operator, key_groups)
+    packed, columns = pack_key_groups(df, operator, key_groups, packed_source=packed_source)
     now = int(time.time() * 1000) if processing_time_ms is None else processing_time_ms
 
     def run_group(table: pa.Table) -> pa.Table:
@@ -441,7 +445,46 @@ def _fold_partition(table: pa.Table, operator: KeyedOperator, extra=None) -> pa.
 PACK_CHUNK_ROWS = 1 << 20
 
 
-def pack_key_groups(df, operator: KeyedOperator, key_groups: int, chunk_rows: int = PACK_CHUNK_ROWS):
+class LinePacker:
+    """What a reader's line task calls on the change rows it finished
+    (``ReadResult.packed_rows``, docs/runtime.md, "Packing in the line
+    task"): the rows in the packing pass's schema, each given Spark's key
+    group (:func:`spark_hash.key_groups`, the value :func:`add_key_group`
+    computes), pre-folded when the operator pre-folds (the counters' side row
+    into :data:`METRICS_GROUP`), packed per key group.  Returns (key group,
+    packed rows) pairs."""
+
+    def __init__(self, operator: KeyedOperator, key_groups: int, schema: pa.Schema):
+        self.operator, self.key_groups, self.schema = operator, key_groups, schema
+
+    def __call__(self, rows: pa.Table) -> list[tuple[int, bytes]]:
+        table = conform(rows, self.schema)
+        groups = key_groups_of(table, self.operator.key, self.key_groups)
+        return _pack_table(table.append_column(KEY_GROUP_COL, pa.array(groups, pa.int32())), self.operator)
+
+
+def _pack_table(table: pa.Table, operator: KeyedOperator) -> list[tuple[int, bytes]]:
+    """(key group, packed rows) pairs of ``table`` (its ``_kg`` column gives
+    the groups), pre-folded first when the operator pre-folds."""
+    if operator.prefolds:
+        table = _fold_partition(table, operator, {KEY_GROUP_COL: METRICS_GROUP})
+    groups = table.column(KEY_GROUP_COL).to_numpy(zero_copy_only=False)
+    return list(pack_groups(table.drop_columns([KEY_GROUP_COL]), groups))
+
+
+def _line_packable(df, operator: KeyedOperator) -> bool:
+    """Whether a line task can pack ``df``'s rows for ``operator``: Spark's
+    key group of its key columns is computed in Python (:mod:`spark_hash`),
+    and every column is of a type whose Arrow form is the same in the line
+    task and in Spark's (no time zone, no decimal scale to agree on)."""
+    schema = arrow_schema_of(df)
+    simple = all(pa.types.is_boolean(f.type) or pa.types.is_integer(f.type) or pa.types.is_float64(f.type)
+                 or pa.types.is_string(f.type) for f in schema)
+    return simple and spark_hash_supports([schema.field(k).type for k in operator.key])
+
+
+def pack_key_groups(df, operator: KeyedOperator, key_groups: int, chunk_rows: int = PACK_CHUNK_ROWS,
+                    packed_source: Optional[Callable] = None):
     """The input of the keyed step, streaming and batch: ``df`` packed per
     key group (:mod:`~spark_changelog.runtime.arrow_packing`) in one
     ``mapInArrow`` pass, which first pre-folds when the operator pre-folds
@@ -451,21 +494,45 @@ def pack_key_groups(df, operator: KeyedOperator, key_groups: int, chunk_rows: in
     about ``chunk_rows`` rows (whole Arrow batches).  The key group is Spark's
     ``pmod(hash(key), G)`` (:func:`add_key_group`), computed as a column
     before the pass, so a key's state stays where it always was; side rows go
-    to :data:`METRICS_GROUP`.  Returns (packed DataFrame: ``_kg``, ``rows``;
-    the names of the packed rows' columns)."""
+    to :data:`METRICS_GROUP`.
+
+    ``packed_source``: when ``df`` is a reader's rows read by this operator
+    alone, the reader's ``packed_rows``: its line task then packs the rows it
+    finishes itself (:class:`LinePacker`), and this pass only passes those
+    packed rows on and packs the others (lines left to Spark, side rows).
+    Every packed table then has the same all-nullable schema.
+
+    Returns (packed DataFrame: ``_kg``, ``rows``; the names of the packed
+    rows' columns)."""
     if operator.prefolds:
         df = _with_metrics_column(df)
+    columns = list(df.columns)
+    schema = None
+    if packed_source is not None and _line_packable(df, operator):
+        schema = pa.schema([f.with_nullable(True) for f in arrow_schema_of(df)])
+        line_packed = packed_source(LinePacker(operator, key_groups, schema))
+        if line_packed is not None:
+            df = line_packed
+        else:
+            schema = None
     keyed = add_key_group(df, operator.key, key_groups)
-    columns = [c for c in keyed.columns if c != KEY_GROUP_COL]
-    fold = operator.prefolds
+    if schema is not None:
+        from pyspark.sql import functions as F
+        keyed = keyed.withColumn(KEY_GROUP_COL, F.when(F.col(PACKED_ROWS_COL).isNotNull(), F.col(PACKED_GROUP_COL))
+                                 .otherwise(F.col(KEY_GROUP_COL)))
 
     def pack_part(batches):
         table = pa.Table.from_batches(batches)
-        if fold:
-            table = _fold_partition(table, operator, {KEY_GROUP_COL: METRICS_GROUP})
-        groups = table.column(KEY_GROUP_COL).to_numpy(zero_copy_only=False)
-        rows = table.drop_columns([KEY_GROUP_COL])
-        return packed_batch(list(pack_groups(rows, groups)), KEY_GROUP_COL)
+        pairs = []
+        if schema is not None:
+            # the line task's packed rows pass; the others are packed here,
+            # in the same schema
+            line_packed = table.column(PACKED_ROWS_COL).is_valid()
+            done = table.filter(line_packed)
+            pairs = list(zip(done.column(PACKED_GROUP_COL).to_pylist(), done.column(PACKED_ROWS_COL).to_pylist()))
+            rest = table.filter(pc.invert(line_packed))
+            table = conform(rest, schema).append_column(KEY_GROUP_COL, rest.column(KEY_GROUP_COL))
+        return packed_batch(pairs + _pack_table(table, operator), KEY_GROUP_COL)
 
     def fn(batches):
         part, n = [], 0

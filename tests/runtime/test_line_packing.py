@@ -1,0 +1,106 @@
+"""Packing in the line task (docs/runtime.md, "Packing in the line task"):
+a keyed operator reading a Debezium source directly gets the lines the line
+task finishes already packed per key group (and pre-folded); the lines left
+to Spark's VARIANT path and the side rows are packed by the packing pass.
+The final table and the report are those of the unpacked read, in batch and
+streaming, with and without folding, with one key's changes split between
+fast lines, slow lines and two micro-batches."""
+from __future__ import annotations
+
+import json
+import os
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+
+from spark_changelog.api import read_debezium
+from spark_changelog.connectors.cdc_json import ReadResult, read_changes
+from spark_changelog.model import KIND_COL, PACKED_KIND, PACKED_ROWS_COL
+from spark_changelog.operators.normalize import ChangelogNormalize
+from spark_changelog.runtime.spark_keyed import LinePacker, arrow_schema_of
+from tests.changelog_data import set_arrival
+
+SCHEMA = "id BIGINT, v DOUBLE, s STRING"
+
+
+def change(lsn, op, before=None, after=None):
+    return json.dumps({"before": before, "after": after, "op": op, "source": {"lsn": lsn}, "ts_ms": 1000 + lsn})
+
+
+def row(id_, v, s):
+    return {"id": id_, "v": v, "s": s}
+
+
+# -0.0 sends a line to the VARIANT path (a slow line); "not json" is a dead
+# letter, "null" a tombstone; id 1's changes alternate fast and slow lines,
+# then its key changes to 5
+FILES = [
+    [change(1, "c", after=row(1, 1.5, "a")),
+     change(2, "c", after=row(2, 2.0, "b")),
+     change(3, "u", before=row(1, 1.5, "a"), after=row(1, -0.0, "a2")),
+     "not json",
+     change(4, "c", after=row(3, 3.5, "c")),
+     change(5, "d", before=row(2, 2.0, "b")),
+     "null",
+     change(6, "u", before=row(1, -0.0, "a2"), after=row(1, 3.0, "a3"))],
+    [change(7, "u", before=row(3, 3.5, "c"), after=row(3, 4.0, "c2")),
+     change(8, "c", after=row(4, -0.0, "d")),
+     change(9, "c", after=row(2, 2.5, "b2")),
+     change(10, "u", before=row(1, 3.0, "a3"), after=row(5, 3.0, "a5"))],
+]
+EXPECTED = [(2, 2.5, "b2"), (3, 4.0, "c2"), (4, 0.0, "d"), (5, 3.0, "a5")]
+
+
+def _write_files(tmp_path) -> str:
+    d = tmp_path / "in"
+    d.mkdir()
+    for i, lines in enumerate(FILES):
+        path = str(d / f"part-{i}.json")
+        with open(path, "w") as fh:
+            fh.write("\n".join(lines) + "\n")
+        set_arrival(path, i)
+    return str(d)
+
+
+def _run(spark, inp: str, out: str, streaming: bool, fold: bool):
+    s = read_debezium(spark, inp, SCHEMA, ["id"], streaming=streaming,
+                      max_files_per_trigger=1 if streaming else None)
+    rep = s.with_mini_batch(fold).normalize().write_upsert(
+        os.path.join(out, "table"), checkpoint=os.path.join(out, "ck") if streaming else None,
+        dead_letter=os.path.join(out, "dead"))
+    table = DeltaTable(os.path.join(out, "table")).to_pandas().sort_values("id")
+    return rep, [tuple(r) for r in table[["id", "v", "s"]].itertuples(index=False)]
+
+
+@pytest.mark.parametrize("streaming,fold", [(False, True), (False, False), (True, True)],
+                         ids=["batch-folded", "batch-every-version", "streaming-folded"])
+def test_line_packed_run_equals_the_unpacked_run(spark, tmp_path, monkeypatch, streaming, fold):
+    inp = _write_files(tmp_path)
+    packed, packed_table = _run(spark, inp, str(tmp_path / "packed"), streaming, fold)
+    with monkeypatch.context() as m:
+        m.setattr(ReadResult, "packed_rows", lambda self, packer: None)
+        plain, plain_table = _run(spark, inp, str(tmp_path / "plain"), streaming, fold)
+    assert packed_table == plain_table == EXPECTED
+    for report in (packed, plain):
+        assert (report.invalid, report.tombstones_skipped) == (1, 1)
+    assert (packed.rows_in, packed.changes_out, packed.upserted, packed.deleted) == \
+        (plain.rows_in, plain.changes_out, plain.upserted, plain.deleted)
+    assert packed.rows_in == 14           # 5 inserts, 3 updates (-U/+U), a key change (-D/+I), a delete
+    assert packed.counters.get("folded", 0) == plain.counters.get("folded", 0)
+
+
+def test_the_line_task_packs_the_lines_it_finishes(spark, tmp_path):
+    """Only the slow lines' change rows and the side rows leave the line task
+    unpacked; the finished ones leave as packed rows."""
+    inp = _write_files(tmp_path)
+    read = read_changes(spark, inp, "debezium-json", SCHEMA, ["id"])
+    op = ChangelogNormalize(arrow_schema_of(read.rows.drop("_metrics")), ["id"], fold_batch=True)
+    schema = pa.schema([f.with_nullable(True) for f in arrow_schema_of(read.rows)])
+    rows = read.packed_rows(LinePacker(op, 8, schema)).collect()
+    packed = [r for r in rows if r[KIND_COL] == PACKED_KIND]
+    assert packed and all(r[PACKED_ROWS_COL] for r in packed)
+    unpacked = sorted((r[KIND_COL], r["id"]) for r in rows if r[KIND_COL] != PACKED_KIND)
+    # the dead letter and the tombstone (side rows), id 4's slow insert, and
+    # id 1's two updates that hold -0.0 in an image (-U, +U each)
+    assert unpacked == [(-1, None), (-1, None), (0, 4), (1, 1), (1, 1), (2, 1), (2, 1)]
