@@ -33,10 +33,9 @@ from pyspark.sql import types as T
 
 from spark_changelog.connectors import cdc_json as C
 from spark_changelog.connectors.cdc_json import Sql, concat, ident, lit, when
-from spark_changelog.model.rowkind import RowKind
-
-#: accepted spellings (upper-cased) of each kind
-KIND_NAMES = {name: int(k) for k in RowKind for name in (k.short, k.name, str(int(k)))}
+from spark_changelog.connectors.debezium import FAST_TYPES
+from spark_changelog.model import PACKED_GROUP_COL, PACKED_ROWS_COL
+from spark_changelog.model.rowkind import KIND_SPELLINGS as KIND_NAMES
 
 
 def read_changelog(spark, path, schema, primary_key=None, **kw) -> C.ReadResult:
@@ -58,7 +57,8 @@ def parse(ctx: C.ReadContext) -> DataFrame:
     return _parse_parquet(ctx)
 
 
-def _finish_rows(df: DataFrame, ctx: C.ReadContext, tombstone_reason: str = C.TOMBSTONE_REASON) -> DataFrame:
+def _finish_rows(df: DataFrame, ctx: C.ReadContext, tombstone_reason: str = C.TOMBSTONE_REASON,
+                 finished: bool = False) -> DataFrame:
     """Shared tail of the three file formats.
 
     ``df`` has ``_typed`` (the typed user columns), ``_kind_text``, ``_record_ok``
@@ -84,17 +84,48 @@ def _finish_rows(df: DataFrame, ctx: C.ReadContext, tombstone_reason: str = C.TO
         when((f"{ok} AND _kind_text IS NOT NULL AND _kind IS NULL", unknown_kind)),
         *[f"CASE WHEN {ok} THEN {e} END" for e in seq_errors],
     ])
-    return df.selectExpr(
-        "file", "line", "raw",
-        f"array({C.change_row('_typed', ctx.columns, '_kind', seq)}) AS _changes",
-        f"concat(_record_errors, {errors}) AS _errors",
-        *C.skip_columns("_tombstone", tombstone_reason=tombstone_reason),
-    )
+    columns = {"_changes": f"array({C.change_row('_typed', ctx.columns, '_kind', seq)})",
+               "_errors": f"concat(_record_errors, {errors})"}
+    category, reason = C.skip_values("_tombstone", tombstone_reason=tombstone_reason)
+    columns.update(_skip_category=category, _skip_reason=reason)
+    if not finished:
+        return df.selectExpr("file", "line", "raw", *[f"{e} AS {n}" for n, e in columns.items()])
+    # the line task finished the lines whose text it did not keep (``raw``
+    # NULL): their change row, no error, no skip (changelog_arrow); its packed
+    # rows (a packer's) keep their two columns
+    fast = {"_changes": f"array({C.change_row_of([(c, f'_j_{i}') for i, c in enumerate(ctx.columns)], '_j_kind', '_j_seq')})",
+            "_errors": C.EMPTY_MESSAGES, "_skip_category": "CAST(NULL AS STRING)",
+            "_skip_reason": "CAST(NULL AS STRING)"}
+    packed = [c for c in (PACKED_GROUP_COL, PACKED_ROWS_COL) if c in df.columns]
+    return df.selectExpr("file", "line", "raw", *[f"CASE WHEN raw IS NULL THEN {fast[n]} ELSE {e} END AS {n}"
+                                                  for n, e in columns.items()], *packed)
+
+
+def arrow_parser(ctx: C.ReadContext):
+    """The line task's parser (:mod:`changelog_arrow`) of changelog JSON
+    files whose columns are all of the fast types, else None (then every line
+    takes the VARIANT path)."""
+    if ctx.changelog_file_format != "json" or \
+            not all(isinstance(f.dataType, FAST_TYPES) for f in ctx.schema.fields):
+        return None
+    from spark_changelog.connectors.changelog_arrow import ChangelogArrowParser
+    return ChangelogArrowParser([(f.name, f.dataType.simpleString()) for f in ctx.schema.fields],
+                                ctx.primary_key, ctx.kind_column, ctx.seq_column)
+
+
+def finishes_rows(ctx: C.ReadContext) -> bool:
+    """Whether the line task finishes lines (and so can pack them:
+    ``ReadResult.packed_rows``)."""
+    return arrow_parser(ctx) is not None
 
 
 def _parse_json(ctx: C.ReadContext) -> DataFrame:
     schema, key = ctx.schema, ctx.primary_key
-    df = C.stage(C.read_lines(ctx), _v="try_parse_json(raw)")
+    parser = arrow_parser(ctx)
+    if parser is not None and ctx.packer is not None:
+        from spark_changelog.connectors.debezium_arrow import PackingParser
+        parser = PackingParser(parser, ctx.packer)
+    df = C.stage(C.read_lines(ctx, parser=parser), _v="try_parse_json(raw)")
     df = C.stage(df, _blank=C.is_blank("raw"),
                  _raw=C.raw_struct(lambda c: C.field("_v", C.json_path(c)), ctx.columns))
     blank_or_null = "(_blank OR is_variant_null(_v))"
@@ -115,7 +146,7 @@ def _parse_json(ctx: C.ReadContext) -> DataFrame:
                         when(("_not_object", lit("malformed record: not a JSON object")))]),
         C.gate("_record_ok", C.image_errors("_raw", "_typed", schema, key, lit("record"))),
     )
-    return _finish_rows(C.stage(df, _record_errors=record_errors), ctx)
+    return _finish_rows(C.stage(df, _record_errors=record_errors), ctx, finished=parser is not None)
 
 
 def _json_seq(ctx: C.ReadContext) -> dict[str, Sql]:

@@ -98,22 +98,7 @@ class DebeziumArrowParser:
         finished change rows (an update two), any other line one row with its
         text and every field NULL."""
         n = len(starts)
-        lo = int(starts[0]) if n else 0
-        buf, starts, ends = buf[lo:int(ends[-1]) if n else 0], starts - lo, ends - lo
-        nonempty = ends > starts
-        first = buf[np.minimum(starts, max(len(buf) - 1, 0))] if len(buf) else np.zeros(n, np.uint8)
-        last = buf[np.maximum(ends - 1, 0)] if len(buf) else np.zeros(n, np.uint8)
-        having = _Substrings(buf, starts, ends)
-        # Arrow's reader takes NaN and Infinity as numbers (even in fields it
-        # ignores); Spark's does not
-        non_numbers = having("NaN", "N") | having("Infinity", "I")
-        candidate = nonempty & (first == _OPEN) & (last == _CLOSE) & ~non_numbers
-        rows = np.full(n, -1, dtype=np.int64)      # row of the parsed table per line, -1 = not parsed
-        table = None
-        cand = np.flatnonzero(candidate)
-        if len(cand):
-            text = buf if candidate.all() else _blank_out(buf, starts[~candidate], ends[~candidate])
-            table = self._parse(text, starts, ends, cand, rows, self.json_schema)
+        buf, starts, ends, table, rows, having = parse_objects(buf, starts, ends, self.json_schema)
         if table is not None:
             has_schema = _valid(table.column("schema"))
             if has_schema.any():
@@ -124,44 +109,10 @@ class DebeziumArrowParser:
                 keep[lines] = True
                 wrapped_rows = np.full(n, -1, dtype=np.int64)
                 text = _blank_out(buf, starts[~keep], ends[~keep])
-                wrapped = self._parse(text, starts, ends, lines, wrapped_rows, self.wrapped_schema)
+                wrapped = parse_lines(text, starts, ends, lines, wrapped_rows, self.wrapped_schema)
                 rows[keep & (wrapped_rows < 0)] = -1   # its payload did not parse: the VARIANT path decides
                 return self._rows(table, rows, file_no, line_numbers, having, wrapped, wrapped_rows)
         return self._rows(table, rows, file_no, line_numbers, having)
-
-    def _parse(self, text: np.ndarray, starts: np.ndarray, ends: np.ndarray, cand: np.ndarray,
-               rows: np.ndarray, schema: pa.Schema):
-        budget = _PARSE_BUDGET * max(1, int(ends[cand[-1]] - starts[cand[0]]))
-        parts: list[pa.Table] = []
-        done = 0
-        todo = [(0, len(cand))]                    # candidate index ranges, in line order
-        while todo:
-            i, j = todo.pop()
-            lo, hi = int(starts[cand[i]]), int(ends[cand[j - 1]])
-            if hi - lo > budget:
-                continue                           # out of budget: Spark's VARIANT path takes them
-            budget -= hi - lo
-            part = self._read(text[lo:hi], schema)
-            if part is not None and part.num_rows == j - i:
-                rows[cand[i:j]] = np.arange(done, done + part.num_rows)
-                done += part.num_rows
-                parts.append(part)
-            elif j - i > 1:
-                mid = (i + j) // 2
-                todo += [(mid, j), (i, mid)]       # the first half next: parts stay in line order
-        if not parts:
-            return None
-        return pa.concat_tables(parts).combine_chunks()
-
-    def _read(self, data: np.ndarray, schema: pa.Schema):
-        try:
-            return pj.read_json(
-                pa.BufferReader(pa.py_buffer(data)),
-                read_options=pj.ReadOptions(use_threads=False, block_size=max(1 << 16, len(data) + 1)),
-                parse_options=pj.ParseOptions(explicit_schema=schema, newlines_in_values=False,
-                                              unexpected_field_behavior="ignore"))
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, UnicodeError):
-            return None
 
     # ----------------------------------------------------------------- the fast lines' rows
 
@@ -201,8 +152,8 @@ class DebeziumArrowParser:
         ops = {o: _true(pc.equal(op, o)) for o in ("c", "r", "u", "d")}
         inserted, updated, deleted = ops["c"] | ops["r"], ops["u"], ops["d"]
         after_ok, before_ok = self._key_present(after), self._key_present(before)
-        fast = (parsed & (wrapped | plain) & position_ok & self._values_plain(before)
-                & self._values_plain(after)
+        fast = (parsed & (wrapped | plain) & position_ok & values_plain(before)
+                & values_plain(after)
                 & ((inserted & after_ok) | (updated & after_ok & before_ok) | (deleted & before_ok)))
         return self._finished(fast, inserted & fast, updated & fast, before, after, position)
 
@@ -235,23 +186,84 @@ class DebeziumArrowParser:
         values = [pa.concat_arrays([befores[c], afters[c]]).take(image_row) for c, _ in self.columns]
         return (line_of, values + [pa.array(kind, mask=slow), pa.array(seq, mask=slow)], slow)
 
-    def _values_plain(self, image: pa.Array) -> np.ndarray:
-        """Images without a DOUBLE value the VARIANT path may read differently:
-        -0.0 (Spark's ``parse_json`` keeps ``-0.0`` as a decimal, so 0.0) and
-        non-finite values (``NaN``, or a literal out of range)."""
-        ok = np.ones(len(image), dtype=bool)
-        for child in image.flatten():
-            if pa.types.is_floating(child.type):
-                values = child.fill_null(1.0).to_numpy(zero_copy_only=False)
-                ok &= np.isfinite(values) & ~((values == 0) & np.signbit(values))
-        return ok
-
     def _key_present(self, image: pa.Array) -> np.ndarray:
         ok = _valid(image)
         children = _children(image)
         for k in self.primary_key:
             ok &= _valid(children[k])
         return ok
+
+
+def parse_objects(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, schema: pa.Schema):
+    """The lines ``[starts[i], ends[i])`` of ``buf`` that may be one JSON
+    object each (``{`` ... ``}``, no ``NaN``/``Infinity``: Arrow's reader takes
+    them as numbers, even in fields it ignores, and Spark's does not), read
+    with :func:`parse_lines`.  Returns (``buf``, ``starts``, ``ends``
+    rebased to the lines' own bytes; the table or None; each line's row of
+    it, -1 where none; the lines' :class:`_Substrings`)."""
+    n = len(starts)
+    lo = int(starts[0]) if n else 0
+    buf, starts, ends = buf[lo:int(ends[-1]) if n else 0], starts - lo, ends - lo
+    nonempty = ends > starts
+    first = buf[np.minimum(starts, max(len(buf) - 1, 0))] if len(buf) else np.zeros(n, np.uint8)
+    last = buf[np.maximum(ends - 1, 0)] if len(buf) else np.zeros(n, np.uint8)
+    having = _Substrings(buf, starts, ends)
+    non_numbers = having("NaN", "N") | having("Infinity", "I")
+    candidate = nonempty & (first == _OPEN) & (last == _CLOSE) & ~non_numbers
+    rows = np.full(n, -1, dtype=np.int64)      # row of the parsed table per line, -1 = not parsed
+    table = None
+    cand = np.flatnonzero(candidate)
+    if len(cand):
+        text = buf if candidate.all() else _blank_out(buf, starts[~candidate], ends[~candidate])
+        table = parse_lines(text, starts, ends, cand, rows, schema)
+    return buf, starts, ends, table, rows, having
+
+
+def parse_lines(text: np.ndarray, starts: np.ndarray, ends: np.ndarray, cand: np.ndarray,
+           rows: np.ndarray, schema: pa.Schema):
+    budget = _PARSE_BUDGET * max(1, int(ends[cand[-1]] - starts[cand[0]]))
+    parts: list[pa.Table] = []
+    done = 0
+    todo = [(0, len(cand))]                    # candidate index ranges, in line order
+    while todo:
+        i, j = todo.pop()
+        lo, hi = int(starts[cand[i]]), int(ends[cand[j - 1]])
+        if hi - lo > budget:
+            continue                           # out of budget: Spark's VARIANT path takes them
+        budget -= hi - lo
+        part = _read(text[lo:hi], schema)
+        if part is not None and part.num_rows == j - i:
+            rows[cand[i:j]] = np.arange(done, done + part.num_rows)
+            done += part.num_rows
+            parts.append(part)
+        elif j - i > 1:
+            mid = (i + j) // 2
+            todo += [(mid, j), (i, mid)]       # the first half next: parts stay in line order
+    if not parts:
+        return None
+    return pa.concat_tables(parts).combine_chunks()
+
+def _read(data: np.ndarray, schema: pa.Schema):
+    try:
+        return pj.read_json(
+            pa.BufferReader(pa.py_buffer(data)),
+            read_options=pj.ReadOptions(use_threads=False, block_size=max(1 << 16, len(data) + 1)),
+            parse_options=pj.ParseOptions(explicit_schema=schema, newlines_in_values=False,
+                                          unexpected_field_behavior="ignore"))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, UnicodeError):
+        return None
+
+
+def values_plain(image: pa.Array) -> np.ndarray:
+    """Images without a DOUBLE value the VARIANT path may read differently:
+    -0.0 (Spark's ``parse_json`` keeps ``-0.0`` as a decimal, so 0.0) and
+    non-finite values (``NaN``, or a literal out of range)."""
+    ok = np.ones(len(image), dtype=bool)
+    for child in image.flatten():
+        if pa.types.is_floating(child.type):
+            values = child.fill_null(1.0).to_numpy(zero_copy_only=False)
+            ok &= np.isfinite(values) & ~((values == 0) & np.signbit(values))
+    return ok
 
 
 class PackingParser:

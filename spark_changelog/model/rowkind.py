@@ -60,3 +60,7 @@ _FROM_TEXT.update({str(int(k)): k for k in RowKind})
 IS_ADD = np.array([True, False, True, False])
 SHORT_NAMES = np.array(["+I", "-U", "+U", "-D"], dtype=object)
 
+
+#: the spellings a changelog file's kind column may use (upper-cased): the
+#: short form, Flink's name, the byte value
+KIND_SPELLINGS = {name: int(k) for k in RowKind for name in (k.short, k.name, str(int(k)))}

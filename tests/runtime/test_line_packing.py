@@ -135,3 +135,33 @@ def test_a_checkpoint_written_without_line_packing_restarts_with_it(spark, tmp_p
     assert (restarted.changes_out, restarted.upserted, restarted.deleted, restarted.counters) == \
         (unpacked.changes_out, unpacked.upserted, unpacked.deleted, unpacked.counters)
     assert restarted.changes_out == 6      # id 3 -U/+U, id 1 -D, id 4, id 2, id 5 +I
+
+
+def test_changelog_json_sources_pack_in_the_line_task_too(spark, tmp_path, monkeypatch):
+    """A changelog JSON read finishes its plain lines in the line task and
+    packs them the same way: same table and report as unpacked."""
+    lines = ['{"op":"+I","id":1,"v":1.5,"s":"a"}', '{"op":"+I","id":2,"v":2.0,"s":"b"}',
+             '{"op":"-U","id":1,"v":1.5,"s":"a"}', '{"op":"+U","id":1,"v":-0.0,"s":"a2"}', "not json",
+             '{"op":"-D","id":2}', '{"op":"-U","id":1,"v":-0.0,"s":"a2"}', '{"op":"+U","id":1,"v":3.0,"s":"a3"}',
+             '{"op":"+I","id":3,"v":4.0,"s":"c"}']
+    inp = tmp_path / "in"
+    inp.mkdir()
+    (inp / "log-1.json").write_text("\n".join(lines) + "\n")
+
+    def run(name):
+        from spark_changelog.api import read_changes as api_read
+        s = api_read(spark, str(inp), format="changelog", schema=SCHEMA, primary_key=["id"])
+        out = str(tmp_path / name)
+        rep = s.with_mini_batch().normalize().write_upsert(os.path.join(out, "table"),
+                                                           dead_letter=os.path.join(out, "dead"))
+        table = DeltaTable(os.path.join(out, "table")).to_pandas().sort_values("id")
+        return rep, [tuple(r) for r in table[["id", "v", "s"]].itertuples(index=False)]
+
+    packed, table = run("packed")
+    with monkeypatch.context() as m:
+        m.setattr(ReadResult, "packed_rows", lambda self, packer: None)
+        plain, plain_table = run("plain")
+    assert table == plain_table == [(1, 3.0, "a3"), (3, 4.0, "c")]
+    assert (packed.rows_in, packed.changes_out, packed.invalid, packed.counters) == \
+        (plain.rows_in, plain.changes_out, plain.invalid, plain.counters)
+    assert packed.invalid == 1
