@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_changelog.connectors.debezium_arrow import (ARROW_TYPES, _SPARK_TYPES, _flat, _ints, _true, _valid,
+from spark_changelog.connectors.debezium_arrow import (ARROW_TYPES, FinishingParser, _flat, _ints, _true, _valid,
                                                        parse_objects, values_plain)
 from spark_changelog.connectors.seq_layout import FILE_LINE_BITS, FILE_NO_BITS, PHASE_AFTER, PHASE_BEFORE
 from spark_changelog.model.rowkind import KIND_SPELLINGS, RowKind
@@ -32,27 +32,21 @@ _NAMES = pa.array(list(KIND_SPELLINGS))
 _CODES = np.array(list(KIND_SPELLINGS.values()), dtype=np.int8)
 
 
-class ChangelogArrowParser:
+class ChangelogArrowParser(FinishingParser):
     """The ``lines.LineParser`` of changelog JSON reads whose columns are all
     of ``debezium_arrow.ARROW_TYPES``: ``columns`` are (name, Spark simple
-    type) pairs.  The same :attr:`fields` as the Debezium parser's (a
-    finished line is one row here)."""
+    type) pairs.  The same fields as the Debezium parser's (a finished line
+    is one row here)."""
 
     def __init__(self, columns: Sequence[tuple[str, str]], primary_key: Sequence[str], kind_column: str,
                  seq_column: Optional[str]):
-        self.columns = list(columns)
+        super().__init__(columns)
         self.primary_key = tuple(primary_key)
         self.kind_column, self.seq_column = kind_column, seq_column
         fields = [(n, ARROW_TYPES[t]) for n, t in self.columns] + [(kind_column, pa.string())]
         if seq_column is not None:
             fields.append((seq_column, pa.int64()))
         self.json_schema = pa.schema(fields)
-        self.fields = ([pa.field(f"_j_{i}", ARROW_TYPES[t]) for i, (_, t) in enumerate(self.columns)]
-                       + [pa.field("_j_kind", pa.int8()), pa.field("_j_seq", pa.int64())])
-
-    @property
-    def ddl(self) -> str:
-        return ", ".join(f"{f.name} {_SPARK_TYPES[f.type]}" for f in self.fields)
 
     def __call__(self, buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, file_no: int,
                  line_numbers: np.ndarray) -> tuple[np.ndarray, list[pa.Array], np.ndarray]:

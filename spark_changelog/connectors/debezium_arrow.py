@@ -61,12 +61,30 @@ _SPARK_TYPES = {pa.bool_(): "BOOLEAN", pa.int8(): "TINYINT", pa.int32(): "INT", 
                 pa.float64(): "DOUBLE", pa.string(): "STRING"}
 
 
-class DebeziumArrowParser:
+class FinishingParser:
+    """What a line parser that finishes lines shares (``lines.LineParser``):
+    ``columns`` (name, Spark simple type) pairs and the line task's
+    :attr:`fields` for the finished change rows: the user columns by
+    position (``_j_0``...: a user column may be called ``line`` or ``raw``),
+    the row kind and ``_seq``; NULL on rows that carry a line's text."""
+
+    def __init__(self, columns: Sequence[tuple[str, str]]):
+        self.columns = list(columns)
+        self.fields = ([pa.field(f"_j_{i}", ARROW_TYPES[t]) for i, (_, t) in enumerate(self.columns)]
+                       + [pa.field("_j_kind", pa.int8()), pa.field("_j_seq", pa.int64())])
+
+    @property
+    def ddl(self) -> str:
+        """The Spark DDL of :attr:`fields`."""
+        return ", ".join(f"{f.name} {_SPARK_TYPES[f.type]}" for f in self.fields)
+
+
+class DebeziumArrowParser(FinishingParser):
     """The ``lines.LineParser`` of Debezium reads whose columns are all of
     :data:`ARROW_TYPES`: ``columns`` are (name, Spark simple type) pairs."""
 
     def __init__(self, columns: Sequence[tuple[str, str]], primary_key: Sequence[str]):
-        self.columns = list(columns)
+        super().__init__(columns)
         self.primary_key = tuple(primary_key)
         image = pa.struct([(n, ARROW_TYPES[t]) for n, t in self.columns])
         envelope = [("before", image), ("after", image), ("op", pa.string()), ("source", _SOURCE),
@@ -77,16 +95,6 @@ class DebeziumArrowParser:
         # of the parse
         self.json_schema = pa.schema(envelope + [("schema", pa.struct([]))])
         self.wrapped_schema = pa.schema([("schema", pa.struct([])), ("payload", pa.struct(envelope))])
-        #: a fast line's finished change rows: the user columns by position
-        #: (``_j_0``...: a user column may be called ``line`` or ``raw``), the
-        #: row kind and ``_seq``; NULL on rows that carry a line's text
-        self.fields = ([pa.field(f"_j_{i}", ARROW_TYPES[t]) for i, (_, t) in enumerate(self.columns)]
-                       + [pa.field("_j_kind", pa.int8()), pa.field("_j_seq", pa.int64())])
-
-    @property
-    def ddl(self) -> str:
-        """The Spark DDL of :attr:`fields`."""
-        return ", ".join(f"{f.name} {_SPARK_TYPES[f.type]}" for f in self.fields)
 
     # ----------------------------------------------------------------- parsing
 
@@ -267,7 +275,7 @@ def values_plain(image: pa.Array) -> np.ndarray:
 
 
 class PackingParser:
-    """A :class:`DebeziumArrowParser` whose finished rows leave the line task
+    """A :class:`FinishingParser` whose finished rows leave the line task
     packed (``cdc_json.ReadResult.packed_rows``, docs/runtime.md, "Packing in
     the line task"): ``packer`` turns a table of finished change rows (the
     user columns by name, ``_kind``, ``_seq``) into (key group, packed rows)
@@ -275,7 +283,7 @@ class PackingParser:
     ``_j_seq`` 0, the user columns NULL, and the two packed columns.  The
     lines left to Spark leave as the parser gives them."""
 
-    def __init__(self, parser: DebeziumArrowParser, packer):
+    def __init__(self, parser: FinishingParser, packer):
         self.parser, self.packer = parser, packer
         self.fields = parser.fields + [pa.field(PACKED_GROUP_COL, pa.int32()),
                                        pa.field(PACKED_ROWS_COL, pa.binary())]
