@@ -13,6 +13,7 @@ import os
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from spark_changelog.api import read_debezium
 from spark_changelog.connectors.cdc_json import ReadResult, read_changes
@@ -165,3 +166,45 @@ def test_changelog_json_sources_pack_in_the_line_task_too(spark, tmp_path, monke
     assert (packed.rows_in, packed.changes_out, packed.invalid, packed.counters) == \
         (plain.rows_in, plain.changes_out, plain.invalid, plain.counters)
     assert packed.invalid == 1
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.data())
+def test_any_mix_of_fast_and_slow_lines_gives_the_unpacked_table(spark, tmp_path_factory, monkeypatch, data):
+    """Random histories of a few ids (inserts, updates, deletes, key
+    changes), each change's line fast or slow (-0.0 sends it to the VARIANT
+    path), bad lines mixed in, split over files: the line-packed batch run
+    gives the unpacked run's table and report."""
+    ids = data.draw(st.integers(1, 6))
+    live, lines, lsn = {}, [], 0
+    for _ in range(data.draw(st.integers(1, 30))):
+        lsn += 1
+        i = data.draw(st.integers(0, ids - 1))
+        v = data.draw(st.sampled_from([1.0, 2.5, -0.0, 7.0]))
+        if data.draw(st.integers(0, 9)) == 0:
+            lines.append("not json")
+        if i not in live:
+            live[i] = (v, f"s{lsn}")
+            lines.append(change(lsn, "c", after=row(i, *live[i])))
+        elif data.draw(st.booleans()):
+            lines.append(change(lsn, "d", before=row(i, *live.pop(i))))
+        else:
+            j = i if data.draw(st.integers(0, 4)) else data.draw(st.integers(0, ids - 1))
+            if j != i and j in live:
+                j = i
+            before, after = row(i, *live.pop(i)), (v, f"s{lsn}")
+            live[j] = after
+            lines.append(change(lsn, "u", before=before, after=row(j, *after)))
+    cut = data.draw(st.integers(0, len(lines)))
+    base = tmp_path_factory.mktemp("mix")
+    inp = base / "in"
+    inp.mkdir()
+    for n, part in enumerate((lines[:cut], lines[cut:])):
+        (inp / f"part-{n}.json").write_text("".join(x + "\n" for x in part))
+    fold = data.draw(st.booleans())
+    packed, table = _run(spark, str(inp), str(base / "packed"), False, fold)
+    with monkeypatch.context() as m:
+        m.setattr(ReadResult, "packed_rows", lambda self, packer: None)
+        plain, plain_table = _run(spark, str(inp), str(base / "plain"), False, fold)
+    assert table == plain_table == sorted((i, v, s) for i, (v, s) in live.items())
+    assert (packed.rows_in, packed.changes_out, packed.invalid) == (plain.rows_in, plain.changes_out, plain.invalid)
