@@ -818,6 +818,21 @@ def fallback_position(file_no: Sql = "file_no", line: Sql = "line") -> tuple[Sql
 TOMBSTONE_REASON = "Kafka tombstone (empty or null value)"
 
 
+def finished_line(columns: Sequence[str]) -> dict[str, Sql]:
+    """The per-line columns (``_changes``, ``_errors``, skips) of a line the
+    line task finished: its change row from ``_j_0``..., ``_j_kind`` and
+    ``_j_seq``; no error, no skip."""
+    values = [(c, f"_j_{i}") for i, c in enumerate(columns)]
+    return {"_changes": f"array({change_row_of(values, '_j_kind', '_j_seq')})", "_errors": EMPTY_MESSAGES,
+            "_skip_category": "CAST(NULL AS STRING)", "_skip_reason": "CAST(NULL AS STRING)"}
+
+
+def packed_columns(df: DataFrame) -> list[str]:
+    """The line task's packed-row columns present in ``df``
+    (:meth:`ReadResult.packed_rows`): every step up to :func:`finish` keeps them."""
+    return [c for c in (PACKED_GROUP_COL, PACKED_ROWS_COL) if c in df.columns]
+
+
 def skip_columns(tombstone: Sql, ignored: Sql = "false", ignored_reason: Sql = "NULL",
                  tombstone_reason: str = TOMBSTONE_REASON) -> list[Sql]:
     """``_skip_category`` and ``_skip_reason`` select items from the skip conditions."""
@@ -861,11 +876,9 @@ def finish(parsed: DataFrame, ctx: ReadContext) -> ReadResult:
                                 f"'line', line, 'reason', {reason}))")
     skip = side_row(ctx.schema, f"named_struct('{SKIPPED}', named_struct('raw', raw, 'file', file, "
                                 f"'line', line, 'category', _skip_category, 'reason', _skip_reason))")
-    # a line task's packed rows keep their two columns (ReadResult.packed_rows)
-    packed = [c for c in (PACKED_GROUP_COL, PACKED_ROWS_COL) if c in parsed.columns]
     rows = parsed.selectExpr(
         f"inline(CASE WHEN _skip_category IS NOT NULL THEN array({skip}) "
-        f"WHEN {bad} THEN array({dead}) ELSE _changes END)", *packed)
+        f"WHEN {bad} THEN array({dead}) ELSE _changes END)", *packed_columns(parsed))
     key = ctx.primary_key
     stream_schema = StreamSchema(columns=tuple(ctx.columns), primary_key=key,
                                  upsert_key=key if key else None, mode=ChangelogMode.RETRACT)

@@ -34,7 +34,6 @@ from pyspark.sql import types as T
 from spark_changelog.connectors import cdc_json as C
 from spark_changelog.connectors.cdc_json import Sql, concat, ident, lit, when
 from spark_changelog.connectors.debezium import FAST_TYPES
-from spark_changelog.model import PACKED_GROUP_COL, PACKED_ROWS_COL
 from spark_changelog.model.rowkind import KIND_SPELLINGS as KIND_NAMES
 
 
@@ -91,14 +90,10 @@ def _finish_rows(df: DataFrame, ctx: C.ReadContext, tombstone_reason: str = C.TO
     if not finished:
         return df.selectExpr("file", "line", "raw", *[f"{e} AS {n}" for n, e in columns.items()])
     # the line task finished the lines whose text it did not keep (``raw``
-    # NULL): their change row, no error, no skip (changelog_arrow); its packed
-    # rows (a packer's) keep their two columns
-    fast = {"_changes": f"array({C.change_row_of([(c, f'_j_{i}') for i, c in enumerate(ctx.columns)], '_j_kind', '_j_seq')})",
-            "_errors": C.EMPTY_MESSAGES, "_skip_category": "CAST(NULL AS STRING)",
-            "_skip_reason": "CAST(NULL AS STRING)"}
-    packed = [c for c in (PACKED_GROUP_COL, PACKED_ROWS_COL) if c in df.columns]
+    # NULL, changelog_arrow)
+    fast = C.finished_line(ctx.columns)
     return df.selectExpr("file", "line", "raw", *[f"CASE WHEN raw IS NULL THEN {fast[n]} ELSE {e} END AS {n}"
-                                                  for n, e in columns.items()], *packed)
+                                                  for n, e in columns.items()], *C.packed_columns(df))
 
 
 def arrow_parser(ctx: C.ReadContext):

@@ -35,7 +35,6 @@ from pyspark.sql import types as T
 
 from spark_changelog.connectors import cdc_json as C
 from spark_changelog.connectors.cdc_json import Sql, all_of, concat, lit, when
-from spark_changelog.model import PACKED_GROUP_COL, PACKED_ROWS_COL
 
 OPS = ("c", "r", "u", "d")
 #: column types whose conversion by Arrow's JSON reader (strict: no conversion at all) the
@@ -135,8 +134,7 @@ class _Stages:
         slow = f"CASE WHEN reflect('java.lang.String', 'valueOf', raw) IS NOT NULL THEN {struct} END"
         fast = self.fast or "false"
         df = self.df.selectExpr("*", f"CASE WHEN {fast} THEN NULL ELSE {slow} END AS _slow")
-        # packed rows (the line task's, with a packer) keep their two columns
-        packed = [c for c in (PACKED_GROUP_COL, PACKED_ROWS_COL) if c in self.df.columns]
+        packed = C.packed_columns(self.df)
         if self.fast is None:
             return df.selectExpr("file", "line", "raw", *[f"_slow.{n}" for n in columns], *packed)
         return df.selectExpr("file", "line", "raw", *[f"CASE WHEN {fast} THEN {fast_columns[n]} ELSE _slow.{n} END AS {n}"
@@ -240,10 +238,8 @@ def parse(ctx: C.ReadContext) -> DataFrame:
 
     ignored_reason = when((r("_schema_change"), lit("Debezium schema change event")),
                           otherwise=concat(lit("Debezium op '"), op, lit("' (not a row change)")))
-    finished = [(c, f"_j_{i}") for i, c in enumerate(cols)]
     skip_category, skip_reason = C.skip_values(r("_tombstone"), r("_ignored"), ignored_reason)
     return stages.select(
         {"_changes": f"CASE WHEN {op_ok} THEN {changes_of(r('_before'), r('_after'), op, r('_pos'))} END",
          "_errors": errors, "_skip_category": skip_category, "_skip_reason": skip_reason},
-        {"_changes": f"array({C.change_row_of(finished, '_j_kind', '_j_seq')})", "_errors": C.EMPTY_MESSAGES,
-         "_skip_category": "CAST(NULL AS STRING)", "_skip_reason": "CAST(NULL AS STRING)"})
+        C.finished_line(cols))
