@@ -19,7 +19,8 @@ import time
 from typing import Optional, TextIO
 
 from .script import ExplainDef, Script
-from .translate import PlannedInsert, Translator
+from .insert import PlannedInsert
+from .translate import Translator
 
 FORMATS = ("text", "dot", "mermaid")
 

@@ -16,19 +16,19 @@ the window operator's (docs/windows.md); nothing here re-states them.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Optional
+from typing import Callable, Optional
 
 from sqlglot import exp
 
 from ..model.windows import cumulate, hop, session, tumble
 from ..plan.nodes import WINDOW_END, WINDOW_START
 from ..plan.rules import PlanError
+from .context import Context
 from .dialect import Descriptor, TableArgument
 from .errors import SqlError, UnsupportedFeature
+from .group_by import grouped_relation, grouped_select_items
+from .relation import Field, Relation
 from .script import Position, interval_ms, node_position
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .translate import Relation, Translator
 
 WINDOW_TIME = "window_time"
 WINDOW_COLUMNS = (WINDOW_START, WINDOW_END, WINDOW_TIME)
@@ -53,9 +53,17 @@ class WindowCall:
     node: exp.Expr
     position: Position
 
+    def unsettled_error(self, ctx: Context) -> SqlError:
+        return ctx.unsupported(
+            f"a window table function ({self.name}) is read by a SELECT of its own "
+            "(FROM TABLE(...) with or without GROUP BY window_start, window_end); joining "
+            "it (a window join) is not supported yet", self.node, Position(1, 1))
 
-def relation(tr: "Translator", fn: exp.Anonymous, alias: str, pos: Position) -> "Relation":
-    from .translate import Field, Relation
+
+def relation(ctx: Context, fn: exp.Anonymous, alias: str, pos: Position,
+             read: Callable[[exp.Expr, Position], Relation]) -> Relation:
+    """The call ``fn`` over its ``TABLE`` argument (``read(node, pos)``: that
+    table's relation), pending until the enclosing ``SELECT``."""
     name = fn.name.upper()
     fpos = node_position(fn, pos)
     params = PARAMETERS[name]
@@ -64,32 +72,32 @@ def relation(tr: "Translator", fn: exp.Anonymous, alias: str, pos: Position) -> 
         if isinstance(a, exp.Kwarg):
             key = a.this.name.upper()
             if key not in params:
-                raise tr.script.error(f"{name} has no parameter {key} (parameters: "
+                raise ctx.error(f"{name} has no parameter {key} (parameters: "
                                       f"{', '.join(params)})", node_position(a, pos))
             args[key] = a.expression
         elif i < len(params):
             args[params[i]] = a
         else:
-            raise tr.script.error(f"{name} takes at most {len(params)} arguments "
+            raise ctx.error(f"{name} takes at most {len(params)} arguments "
                                   f"({', '.join(params)})", node_position(a, pos))
     missing = [p for p in params if p != "OFFSET" and p not in args]
     if missing:
-        raise tr.script.error(f"{name}(...) lacks {', '.join(missing)} ({name}("
+        raise ctx.error(f"{name}(...) lacks {', '.join(missing)} ({name}("
                               f"{', '.join(params)}))", fpos)
     data = args["DATA"]
     if not isinstance(data, TableArgument):
-        raise tr.script.error(f"{name}: the first argument is TABLE name", node_position(data, pos))
-    rel = tr.settled(tr.relation(data.this, pos))
+        raise ctx.error(f"{name}: the first argument is TABLE name", node_position(data, pos))
+    rel = ctx.settled(read(data.this, pos))
     descriptor = args["TIMECOL"]
     if not isinstance(descriptor, Descriptor) or len(descriptor.expressions) != 1:
-        raise tr.script.error(f"{name}: the time column is DESCRIPTOR(column)",
+        raise ctx.error(f"{name}: the time column is DESCRIPTOR(column)",
                               node_position(descriptor, pos))
     col = exp.column(descriptor.expressions[0].copy())
     col.meta.update(descriptor.expressions[0].meta)
-    field = tr._resolve(col, rel, pos)
+    field = ctx.resolve(col, rel, pos)
     t = rel.stream.traits
     if field.column != t.time_attribute:
-        raise tr.script.error(
+        raise ctx.error(
             f"{name}: DESCRIPTOR({field.name}) must be the event-time attribute, a column with "
             f"WATERMARK FOR {field.name} AS ... (the stream's is "
             f"{t.time_attribute or 'not declared'}); processing-time windows are not supported "
@@ -99,7 +107,7 @@ def relation(tr: "Translator", fn: exp.Anonymous, alias: str, pos: Position) -> 
         node = args[key]
         ms = interval_ms(node) if isinstance(node, exp.Interval) else None
         if ms is None or (ms <= 0 and key != "OFFSET"):
-            raise tr.script.error(f"{name}: {key} is a positive INTERVAL 'n' unit (MILLISECOND, "
+            raise ctx.error(f"{name}: {key} is a positive INTERVAL 'n' unit (MILLISECOND, "
                                   "SECOND, MINUTE, HOUR, DAY)", node_position(node, pos))
         return ms
 
@@ -107,9 +115,9 @@ def relation(tr: "Translator", fn: exp.Anonymous, alias: str, pos: Position) -> 
     partition = ()
     if data.args.get("partition_by"):
         if name != "SESSION":
-            raise tr.script.error("PARTITION BY in the table argument is SESSION's",
+            raise ctx.error("PARTITION BY in the table argument is SESSION's",
                                   node_position(data, pos))
-        partition = tuple(tr._resolve(c, rel, pos).column for c in data.args["partition_by"])
+        partition = tuple(ctx.resolve(c, rel, pos).column for c in data.args["partition_by"])
     try:
         if name == "TUMBLE":
             window = tumble(field.column, duration("SIZE"), offset)
@@ -122,47 +130,46 @@ def relation(tr: "Translator", fn: exp.Anonymous, alias: str, pos: Position) -> 
     except ValueError as e:
         if isinstance(e, SqlError):
             raise
-        raise tr.script.error(f"{name}: {e}", fpos) from None
+        raise ctx.error(f"{name}: {e}", fpos) from None
     call = WindowCall(name, window, partition, fn, fpos)
     fields = rel.fields + tuple(Field(None, c, c) for c in WINDOW_COLUMNS)
     out = Relation(rel.stream, fields, pending=call)
     return out.requalified(alias) if alias else out
 
 
-def check_where(tr: "Translator", rel: "Relation", where: Optional[exp.Expr],
+def check_where(ctx: Context, rel: Relation, where: Optional[exp.Expr],
                 pos: Position) -> None:
     """A ``WHERE`` over a window table function filters its input rows; the
     window columns are not there yet."""
     if where is None:
         return
     for c in where.find_all(exp.Column):
-        f = tr._find(c, rel)
+        f = ctx.find(c, rel)
         if f is not None and f.column in WINDOW_COLUMNS:
-            raise tr._unsupported(f"a WHERE on {f.name} is not supported yet (filter the "
+            raise ctx.unsupported(f"a WHERE on {f.name} is not supported yet (filter the "
                                   "window aggregate's result in an enclosing query)", c, pos)
 
 
-def _windowed(tr: "Translator", rel: "Relation"):
+def _windowed(ctx: Context, rel: Relation):
     call: WindowCall = rel.pending
-    s = tr.settings
+    s = ctx.settings
     try:
         return rel.stream.window(call.window, idle_timeout=s.idle_timeout_ms,
                                  allowed_lateness=s.allow_lateness_ms)
     except (PlanError, ValueError) as e:
         if isinstance(e, SqlError):
             raise
-        raise tr.script.error(f"{call.name}: {e}", call.position) from None
+        raise ctx.error(f"{call.name}: {e}", call.position) from None
 
 
-def table_function(tr: "Translator", rel: "Relation", q: exp.Select, pos: Position) -> "Relation":
+def table_function(ctx: Context, rel: Relation, q: exp.Select, pos: Position) -> Relation:
     """The window table function alone: every row once per window."""
-    from .translate import Relation
     call: WindowCall = rel.pending
     if call.window[1].merging:
-        raise tr._unsupported("SESSION windows are only supported under GROUP BY window_start, "
+        raise ctx.unsupported("SESSION windows are only supported under GROUP BY window_start, "
                               "window_end, <PARTITION BY columns>", call.node, pos)
-    stream = _windowed(tr, rel).select()
-    uses_time = any(tr._find(c, rel) is not None and tr._find(c, rel).column == WINDOW_TIME
+    stream = _windowed(ctx, rel).select()
+    uses_time = any(ctx.find(c, rel) is not None and ctx.find(c, rel).column == WINDOW_TIME
                     for item in q.expressions for c in item.find_all(exp.Column))
     if uses_time:
         stream = stream.with_column(WINDOW_TIME, WINDOW_TIME_SQL)
@@ -170,7 +177,7 @@ def table_function(tr: "Translator", rel: "Relation", q: exp.Select, pos: Positi
     return Relation(stream, fields)
 
 
-def aggregate(tr: "Translator", rel: "Relation", q: exp.Select, pos: Position) -> "Relation":
+def aggregate(ctx: Context, rel: Relation, q: exp.Select, pos: Position) -> Relation:
     """``GROUP BY window_start, window_end[, keys]`` with COUNT, COUNT(DISTINCT),
     SUM, MIN, MAX, AVG of a column: the window aggregate, then the select
     list's order and names."""
@@ -179,25 +186,25 @@ def aggregate(tr: "Translator", rel: "Relation", q: exp.Select, pos: Position) -
     keys, bounds = [], set()
     for g in group.expressions:
         if not isinstance(g, exp.Column):
-            raise tr._unsupported("GROUP BY takes columns (compute an expression in a view "
+            raise ctx.unsupported("GROUP BY takes columns (compute an expression in a view "
                                   "first)", g, pos)
-        f = tr._resolve(g, rel, pos)
+        f = ctx.resolve(g, rel, pos)
         if f.column == WINDOW_TIME:
-            raise tr._unsupported("GROUP BY window_time is not supported yet (group by "
+            raise ctx.unsupported("GROUP BY window_time is not supported yet (group by "
                                   "window_start, window_end; window_time may be selected)", g, pos)
         if f.column in (WINDOW_START, WINDOW_END):
             bounds.add(f.column)
         else:
             keys.append(f.column)
-    gpos = tr._keyword_position(group, "GROUP", pos)
+    gpos = ctx.keyword_position(group, "GROUP", pos)
     if bounds != {WINDOW_START, WINDOW_END}:
-        raise tr.script.error("a window aggregation groups by window_start and window_end (and "
+        raise ctx.error("a window aggregation groups by window_start and window_end (and "
                               "optionally more columns)", gpos, UnsupportedFeature)
     if call.window[1].merging:
         # without PARTITION BY (and without group keys) one session sequence
         # over the whole stream
         if set(call.partition) != set(keys):
-            raise tr.script.error("SESSION(TABLE t PARTITION BY ...): the GROUP BY columns "
+            raise ctx.error("SESSION(TABLE t PARTITION BY ...): the GROUP BY columns "
                                   "besides window_start and window_end must be the PARTITION BY "
                                   "columns", gpos, UnsupportedFeature)
     def column_of(f):
@@ -205,25 +212,24 @@ def aggregate(tr: "Translator", rel: "Relation", q: exp.Select, pos: Position) -
             return WINDOW_TIME_SQL
         return f.column if f.column in keys or f.column in (WINDOW_START, WINDOW_END) else None
 
-    calls, named = tr.grouped_select_items(
-        q, rel, pos, column_of, lambda call: _call_text(tr, call, rel, pos),
+    calls, named = grouped_select_items(
+        ctx, q, rel, pos, column_of, lambda call: _call_text(ctx, call, rel, pos),
         "in a window aggregation, a select item is window_start, window_end, window_time, a "
         "group column or one aggregate call (COUNT, COUNT(DISTINCT c), SUM, MIN, MAX, AVG of a "
         "column)")
     if not calls:
-        raise tr.script.error("a window aggregation needs at least one aggregate (e.g. "
+        raise ctx.error("a window aggregation needs at least one aggregate (e.g. "
                               "COUNT(*))", gpos, UnsupportedFeature)
-    kw = {"key_groups": tr.key_groups} if tr.key_groups else {}
     try:
-        stream = _windowed(tr, rel).aggregate(by=keys, **kw, **calls)
+        stream = _windowed(ctx, rel).aggregate(by=keys, **ctx.keyed(), **calls)
     except (PlanError, ValueError) as e:
         if isinstance(e, SqlError):
             raise
-        raise tr.script.error(f"window aggregation: {e}", gpos) from None
-    return tr.grouped_relation(stream, named, pos, q.expressions)
+        raise ctx.error(f"window aggregation: {e}", gpos) from None
+    return grouped_relation(ctx, stream, named, pos, q.expressions)
 
 
-def _call_text(tr: "Translator", node: exp.AggFunc, rel: "Relation", pos: Position) -> str:
+def _call_text(ctx: Context, node: exp.AggFunc, rel: Relation, pos: Position) -> str:
     """``count(distinct u)``-style text of the window operator's aggregates."""
     func = AGGREGATES.get(type(node))
     arg = node.this
@@ -231,16 +237,16 @@ def _call_text(tr: "Translator", node: exp.AggFunc, rel: "Relation", pos: Positi
     if distinct:
         arg = arg.expressions[0] if len(arg.expressions) == 1 else None
     if func is None or (distinct and func != "count") or node.expressions:
-        raise tr._unsupported(f"{node.sql_name()} is not a window aggregate here (COUNT, "
+        raise ctx.unsupported(f"{node.sql_name()} is not a window aggregate here (COUNT, "
                               "COUNT(DISTINCT c), SUM, MIN, MAX, AVG of a column)", node, pos)
     if isinstance(arg, exp.Star) and func == "count" and not distinct:
         return "count(*)"
     if not isinstance(arg, exp.Column) or isinstance(arg.this, exp.Star):
-        raise tr._unsupported("a window aggregate takes a column (compute an expression in a "
+        raise ctx.unsupported("a window aggregate takes a column (compute an expression in a "
                               "view first)", node, pos)
-    f = tr._resolve(arg, rel, pos)
+    f = ctx.resolve(arg, rel, pos)
     if f.column in WINDOW_COLUMNS:
-        raise tr._unsupported(f"aggregating {f.name} is not supported", arg, pos)
+        raise ctx.unsupported(f"aggregating {f.name} is not supported", arg, pos)
     return f"{func}({'distinct ' if distinct else ''}{f.column})"
 
 

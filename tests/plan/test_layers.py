@@ -115,3 +115,53 @@ def test_every_module_imports_on_its_own():
     res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          cwd=ROOT.parent, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+#: packages whose modules must not import each other in a circle, even lazily
+#: (docs/sql.md, opening section: translate dispatches to the query shapes, which
+#: share sql.relation and sql.context and never import translate)
+ACYCLIC = ("sql",)
+
+
+def _cycles(graph: dict) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return out
+
+
+@pytest.mark.parametrize("package", ACYCLIC)
+def test_no_import_circle_inside_package(package):
+    paths = [p for p in MODULES if module_name(p).split(".")[0] == package]
+    names = {module_name(p) for p in paths}
+    graph = {module_name(p): sorted(m for m in imports_of(p) if m in names) for p in paths}
+    assert _cycles(graph) == []
+
+
+def test_cycle_finder_finds_a_circle():
+    assert _cycles({"a": ["b"], "b": ["c"], "c": ["a"], "d": ["a"]}) == [["a", "b", "c"]]

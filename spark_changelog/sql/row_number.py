@@ -20,16 +20,16 @@ nodes as the Python API; nothing here re-states their semantics.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 from sqlglot import exp
 
 from ..plan.rules import PlanError
+from .context import Context
 from .errors import SqlError, UnsupportedFeature
+from .projection import project
+from .relation import Field, Relation
 from .script import Position, node_position
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .translate import Relation, Translator
 
 #: ``Field.column`` of the row number until the rank operator exists
 RANK_MARKER = "\x00row_number"
@@ -48,6 +48,9 @@ class RankCall:
     node: exp.Expr
     position: Position
 
+    def unsettled_error(self, ctx: Context) -> SqlError:
+        return unfiltered_error(ctx, self)
+
 
 def is_rank_item(item: exp.Expr) -> bool:
     """A select item ``ROW_NUMBER() OVER (...) [AS name]``."""
@@ -55,48 +58,47 @@ def is_rank_item(item: exp.Expr) -> bool:
     return isinstance(body, exp.Window) and isinstance(body.this, exp.RowNumber)
 
 
-def rank_relation(tr: "Translator", rel: "Relation", q: exp.Select, pos: Position) -> "Relation":
+def rank_relation(ctx: Context, rel: Relation, q: exp.Select, pos: Position) -> Relation:
     """The inner ``SELECT ..., ROW_NUMBER() OVER (...) AS rn``: its other
     items projected (plus the partition and order columns it does not
     select, kept under hidden names), ``rn`` pending."""
-    from .translate import Field, Relation
     ranks = [(i, e) for i, e in enumerate(q.expressions) if is_rank_item(e)]
     if len(ranks) > 1:
-        raise tr._unsupported("one ROW_NUMBER() per SELECT is supported", ranks[1][1], pos)
+        raise ctx.unsupported("one ROW_NUMBER() per SELECT is supported", ranks[1][1], pos)
     idx, item = ranks[0]
     window = item.this if isinstance(item, exp.Alias) else item
     wpos = node_position(window, pos)
     name = item.alias if isinstance(item, exp.Alias) else f"EXPR${idx}"
     if window.args.get("spec") is not None:
-        raise tr._unsupported("ROW_NUMBER() OVER takes PARTITION BY and ORDER BY, no frame "
+        raise ctx.unsupported("ROW_NUMBER() OVER takes PARTITION BY and ORDER BY, no frame "
                               "(ROWS/RANGE BETWEEN)", window, pos)
     order = window.args.get("order")
     if order is None or not order.expressions:
-        raise tr.script.error("ROW_NUMBER() OVER (...) needs ORDER BY: deduplication orders by a "
+        raise ctx.error("ROW_NUMBER() OVER (...) needs ORDER BY: deduplication orders by a "
                               "time attribute, Top-N by the ranking columns", wpos)
     partition = []
     for p in window.args.get("partition_by") or ():
         if not isinstance(p, exp.Column):
-            raise tr._unsupported("PARTITION BY takes columns (compute an expression in a view "
+            raise ctx.unsupported("PARTITION BY takes columns (compute an expression in a view "
                                   "first)", p, pos)
-        partition.append(tr._resolve(p, rel, pos))
+        partition.append(ctx.resolve(p, rel, pos))
     ordered = []
     for o in order.expressions:
         col = o.this
         if not isinstance(col, exp.Column):
-            raise tr._unsupported("ORDER BY in OVER takes columns (compute an expression in a "
+            raise ctx.unsupported("ORDER BY in OVER takes columns (compute an expression in a "
                                   "view first)", col, pos)
-        ordered.append((tr._resolve(col, rel, pos), not o.args.get("desc")))
+        ordered.append((ctx.resolve(col, rel, pos), not o.args.get("desc")))
 
     others = [e for i, e in enumerate(q.expressions) if i != idx]
-    shown = _selected(tr, rel, others, pos)
+    shown = _selected(ctx, rel, others, pos)
     needed = [f for f in partition + [f for f, _ in ordered] if f not in shown]
     hidden = {}
     for f in dict.fromkeys(needed):
         hidden[f] = f"$rank_{f.name}"
         others.append(exp.alias_(exp.column(exp.to_identifier(f.name, quoted=True),
                                             table=f.qualifier), hidden[f], quoted=True))
-    out = tr.project(rel, others, pos)
+    out = project(ctx, rel, others, pos)
     names = {**shown, **hidden}
     fields = out.fields[:len(out.fields) - len(hidden)]
     # project() keeps the names asked for unless taken twice: find them in its output
@@ -107,7 +109,7 @@ def rank_relation(tr: "Translator", rel: "Relation", q: exp.Select, pos: Positio
     return Relation(out.stream, fields + (Field(None, name, RANK_MARKER),), pending=call)
 
 
-def _selected(tr: "Translator", rel: "Relation", items: list, pos: Position) -> dict:
+def _selected(ctx: Context, rel: Relation, items: list, pos: Position) -> dict:
     """Input field -> output name, for the fields the items select as they are."""
     shown = {}
     for item in items:
@@ -119,23 +121,22 @@ def _selected(tr: "Translator", rel: "Relation", items: list, pos: Position) -> 
         else:
             body = item.this if isinstance(item, exp.Alias) else item
             if isinstance(body, exp.Column):
-                f = tr._resolve(body, rel, pos)
+                f = ctx.resolve(body, rel, pos)
                 shown.setdefault(f, item.alias if isinstance(item, exp.Alias) else f.name)
     return shown
 
 
-def unfiltered_error(tr: "Translator", call: RankCall) -> SqlError:
-    return tr.script.error(
+def unfiltered_error(ctx: Context, call: RankCall) -> SqlError:
+    return ctx.error(
         f"ROW_NUMBER() OVER (...) AS {call.name} needs a filter on {call.name} in the enclosing "
         f"query: WHERE {call.name} = 1 (deduplication) or WHERE {call.name} <= N (Top-N); a row "
         "number of every row is not supported", call.position, UnsupportedFeature)
 
 
-def apply_rank(tr: "Translator", rel: "Relation", where: Optional[exp.Expr], q: exp.Select,
-               pos: Position) -> tuple["Relation", list]:
+def apply_rank(ctx: Context, rel: Relation, where: Optional[exp.Expr], q: exp.Select,
+               pos: Position) -> tuple[Relation, list]:
     """Deduplication or Top-N from the enclosing query's filter on the row
     number: the settled relation and the rest of ``WHERE`` (applied after)."""
-    from .translate import Field, Relation
     call: RankCall = rel.pending
     terms = [] if where is None else (list(where.flatten()) if isinstance(where, exp.And)
                                       else [where])
@@ -143,35 +144,35 @@ def apply_rank(tr: "Translator", rel: "Relation", where: Optional[exp.Expr], q: 
     def is_rn(node) -> bool:
         if not isinstance(node, exp.Column) or isinstance(node.this, exp.Star):
             return False
-        f = tr._find(node, rel)
+        f = ctx.find(node, rel)
         return f is not None and f.column == RANK_MARKER
 
     rn_terms = [t for t in terms if any(is_rn(c) for c in t.find_all(exp.Column))]
     rest = [t for t in terms if t not in rn_terms]
     if not rn_terms:
-        raise unfiltered_error(tr, call)
+        raise unfiltered_error(ctx, call)
     start, end = 1, None
     for t in rn_terms:
-        lo, hi = _bounds(tr, t, is_rn, pos)
+        lo, hi = _bounds(ctx, t, is_rn, pos)
         start = max(start, lo)
         end = hi if end is None else (end if hi is None else min(end, hi))
     where_pos = node_position(rn_terms[0], pos)
     if end is None:
-        raise tr.script.error(
+        raise ctx.error(
             f"the filter on {call.name} has no upper bound: Top-N needs {call.name} <= N "
             f"(rn > N alone would rank every row)", where_pos, UnsupportedFeature)
     if start > 1:
-        raise tr.script.error(
+        raise ctx.error(
             f"a rank range starting at {start} is not supported yet (Top-N keeps ranks 1 to N): "
             f"filter on {call.name} <= N", where_pos, UnsupportedFeature)
     if end < start:
-        raise tr.script.error(f"the filter on {call.name} keeps no row (rank range {start} to "
+        raise ctx.error(f"the filter on {call.name} keeps no row (rank range {start} to "
                               f"{end})", where_pos)
     outputs_rank = _uses_rank(q.expressions, rest, is_rn, rel)
     stream = rel.stream
     t = stream.traits
-    kw = {"key_groups": tr.key_groups} if tr.key_groups else {}
-    ttl = tr.settings.state_ttl_ms
+    kw = ctx.keyed()
+    ttl = ctx.settings.state_ttl_ms
     try:
         if (end == 1 and not outputs_rank and len(call.order) == 1
                 and (call.proctime or call.order[0][0] == t.time_attribute)):
@@ -193,11 +194,11 @@ def apply_rank(tr: "Translator", rel: "Relation", where: Optional[exp.Expr], q: 
     except (PlanError, ValueError) as e:
         if isinstance(e, SqlError):
             raise
-        raise tr.script.error(f"ROW_NUMBER() OVER (...): {e}", call.position) from None
+        raise ctx.error(f"ROW_NUMBER() OVER (...): {e}", call.position) from None
     return Relation(stream, fields), rest
 
 
-def _bounds(tr: "Translator", term: exp.Expr, is_rn, pos: Position) -> tuple:
+def _bounds(ctx: Context, term: exp.Expr, is_rn, pos: Position) -> tuple:
     """``(first rank, last rank or None)`` one condition on the row number allows."""
     def number(node) -> Optional[int]:
         if isinstance(node, exp.Literal) and not node.is_string and str(node.this).isdigit():
@@ -217,7 +218,7 @@ def _bounds(tr: "Translator", term: exp.Expr, is_rn, pos: Position) -> tuple:
         if is_rn(a) and n is not None:
             return {exp.EQ: (n, n), exp.LTE: (1, n), exp.LT: (1, n - 1), exp.GTE: (n, None),
                     exp.GT: (n + 1, None)}[op]
-    raise tr._unsupported("a filter on the row number takes rn = 1, rn <= N, rn < N or rn "
+    raise ctx.unsupported("a filter on the row number takes rn = 1, rn <= N, rn < N or rn "
                           "BETWEEN 1 AND N (integer literals), joined with AND", term, pos)
 
 

@@ -1,0 +1,167 @@
+"""``INSERT INTO`` a sink table (docs/sql.md, "Statements"): the query mapped
+onto the table's columns, the upsert sink with the ``SET`` options in force
+at that statement, and the sink object of the table's connector.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Optional
+
+from sqlglot import exp
+
+from ..api import ChangelogStream
+from ..plan.rules import PlanError
+from .context import Context, column_types
+from .errors import UnsupportedFeature
+from .expressions import normal_type
+from .relation import Relation
+from .script import InsertDef, Position, TableDef
+from .settings import Settings
+
+
+@dataclasses.dataclass
+class PlannedInsert:
+    """One ``INSERT INTO``: the stream to write and how to write it."""
+
+    insert: InsertDef
+    table: TableDef
+    stream: ChangelogStream
+    settings: Settings
+
+    @property
+    def sink_key(self) -> tuple:
+        return tuple(self.table.primary_key)
+
+    def sink_options(self) -> dict:
+        return dict(key=self.sink_key, materialize=self.settings.materialize,
+                    conflict=self.insert.conflict,
+                    require_on_conflict=self.settings.require_on_conflict,
+                    materializer_ttl_ms=self.settings.state_ttl_ms)
+
+    def explain(self) -> str:
+        return self.stream.explain(table=self.table.name, **self.sink_options())
+
+    def plan(self):
+        """The planned sink node (for graph formats)."""
+        return self.stream.plan_sink(table=self.table.name, **self.sink_options())
+
+    def run(self, *, checkpoint: Optional[str] = None, dead_letter: Optional[str] = None,
+            strict: bool = False, progress=None, out=None, late_output: Optional[str] = None,
+            changelog_path: Optional[str] = None):
+        """Run the INSERT; ``late_output`` (default: the script's
+        ``'spark-changelog.late-output.path'``): where window operators put late
+        rows; ``changelog_path``: also write every emitted change there."""
+        sink = self.make_sink(out)
+        return self.stream.write_upsert(sink, checkpoint=checkpoint, dead_letter=dead_letter,
+                                        strict=strict, progress=progress,
+                                        changelog_path=changelog_path,
+                                        late_output=late_output or self.settings.late_output,
+                                        **self.sink_options())
+
+    def make_sink(self, out=None):
+        c = self.table.connector
+        if c.kind == "delta":
+            return c.path
+        if c.kind == "print":
+            from ..sinks.console import PrintSink
+            return PrintSink(self.sink_key, c.option("print-identifier"), out)
+        if c.kind == "blackhole":
+            from ..sinks.console import BlackholeSink
+            return BlackholeSink(self.sink_key)
+        if c.kind == "postgres":
+            import pyarrow as pa
+            from pyspark.sql.pandas.types import to_arrow_schema
+            from ..sinks.postgres import PostgresUpsertSink
+            data = [f for f in self.stream.df.schema.fields
+                    if f.name in self.stream.schema.columns]
+            schema = to_arrow_schema(type(self.stream.df.schema)(data), timezone="UTC")
+            return PostgresUpsertSink(postgres_conninfo(c), c.option("table-name", self.table.name),
+                                      self.sink_key, pa.schema(schema))
+        raise AssertionError(f"not a sink connector: {c.kind}")
+
+
+def postgres_conninfo(c) -> str:
+    """A libpq conninfo from Flink's JDBC options (``jdbc:postgresql://h:p/db``,
+    ``username``, ``password``); a libpq string or URI is taken as is."""
+    url = c.option("url")
+    if url.startswith("jdbc:"):
+        url = url[len("jdbc:"):]
+    if url.startswith("postgresql://") or url.startswith("postgres://"):
+        from urllib.parse import quote, urlsplit, urlunsplit
+        parts = urlsplit(url)
+        user, password = c.option("username"), c.option("password")
+        if user and "@" not in parts.netloc:
+            cred = quote(user, safe="") + (":" + quote(password, safe="") if password else "")
+            parts = parts._replace(netloc=f"{cred}@{parts.netloc}")
+        return urlunsplit(parts)
+    extra = " ".join(f"{k}={v}" for k, v in (("user", c.option("username")),
+                                           ("password", c.option("password"))) if v)
+    return f"{url} {extra}".strip()
+
+
+
+def plan_insert(ctx: Context, tables: dict, ins: InsertDef,
+                query: Callable[[exp.Expr, Position], Relation]) -> PlannedInsert:
+    """``INSERT INTO t query``: the query's columns mapped to ``t``'s by
+    position (or by the column list), cast where the types differ, and the
+    upsert sink planned with the ``SET`` options in force (``query(q, pos)``:
+    the query's settled relation)."""
+    table = tables.get(ins.table)
+    if table is None:
+        raise ctx.error(f"unknown table {ins.table!r} (defined: "
+                        f"{', '.join(tables) or 'none'})", ins.table_position)
+    if table.connector.kind == "filesystem":
+        raise ctx.error(
+            f"table {table.name} (connector 'filesystem') is a source here; write to a "
+            "'delta', 'jdbc'/'postgres', 'print' or 'blackhole' table",
+            ins.table_position, UnsupportedFeature)
+    if not table.primary_key and table.connector.kind in ("delta", "postgres"):
+        raise ctx.error(
+            f"table {table.name} (connector {table.connector.kind!r}) is an upsert table and "
+            "needs PRIMARY KEY (...) NOT ENFORCED", ins.table_position)
+    if ins.conflict and ctx.settings.materialize == "none":
+        raise ctx.error(
+            f"ON CONFLICT DO {ins.conflict.upper()} needs the sink upsert materializer, but "
+            "SET 'table.exec.sink.upsert-materialize' = 'none' disables it (Flink 2.3 ignores "
+            "the clause silently, FLINK-41007): use 'auto' or 'force', or drop ON CONFLICT",
+            ins.position)
+    rel = query(ins.query, ins.position)
+    targets = ins.columns or tuple(c.name for c in table.physical_columns)
+    unknown = [c for c in targets if c not in table.column_names]
+    if unknown:
+        raise ctx.error(f"INSERT INTO {table.name}: unknown column(s) {unknown}",
+                        ins.table_position)
+    if len(rel.fields) != len(targets):
+        raise ctx.error(
+            f"INSERT INTO {table.name}: the query has {len(rel.fields)} column(s) "
+            f"({', '.join(f.name for f in rel.fields)}), the table takes {len(targets)} "
+            f"({', '.join(targets)})", ins.position)
+    if ins.columns and len(targets) != len(table.physical_columns):
+        missing = [c.name for c in table.physical_columns if c.name not in targets]
+        raise ctx.error(f"INSERT INTO {table.name}: column(s) {missing} get no value "
+                        "(partial inserts are not supported)", ins.table_position)
+    types = column_types(rel.stream)
+    named, identity = {}, True
+    by_target = dict(zip(targets, rel.fields))
+    for c in table.physical_columns:
+        f = by_target[c.name]
+        if types.get(f.column) != normal_type(c.spark_type):
+            named[c.name] = f"CAST(`{f.column}` AS {c.spark_type})"
+            identity = False
+        else:
+            named[c.name] = f.column
+            identity = identity and f.column == c.name
+    stream = rel.stream
+    if not (identity and tuple(stream.schema.columns) == tuple(named)):
+        stream = ctx.select(stream, named, ins.position)
+    if ctx.settings.mini_batch:
+        stream = stream.with_mini_batch()
+    planned = PlannedInsert(ins, table, stream, ctx.settings)
+    try:
+        planned.plan()          # the materializer decision: its errors belong to this line
+    except PlanError as e:
+        raise ctx.error(f"INSERT INTO {table.name}: {e}", ins.position) from None
+    return planned
+
+
+__all__ = ["PlannedInsert", "plan_insert", "postgres_conninfo"]

@@ -1,0 +1,70 @@
+"""A ``CREATE TABLE`` with a ``filesystem`` connector read as a source
+(docs/sql.md, "Connectors (`WITH` options)"): the CDC or changelog-file
+reader with the table's schema and primary key, then its computed columns (``PROCTIME()`` is
+``current_timestamp()``, marked non-deterministic), then its watermark
+(``bound = delay - 1 ms``, :mod:`.script`).
+"""
+from __future__ import annotations
+
+from ..api import read_changes
+from .context import Context
+from .errors import UnsupportedFeature
+from .relation import Field, Relation
+from .script import Position, TableDef, node_position
+
+
+def read_source(ctx: Context, t: TableDef, pos: Position) -> Relation:
+    c = t.connector
+    if c.kind != "filesystem":
+        raise ctx.error(f"table {t.name} (connector {c.kind!r}) cannot be read: "
+                        "sources are 'filesystem' tables", pos, UnsupportedFeature)
+    kw = {}
+    if c.reader_format == "changelog":
+        kw.update(changelog_file_format=c.changelog_file_format,
+                  kind_column=c.option("changelog.kind-column", "op"),
+                  seq_column=c.option("changelog.seq-column"))
+        csv = {k.split(".", 1)[1]: v for k, v in c.options if k.startswith("csv.")}
+        names = {"field-delimiter": "sep", "quote-character": "quote",
+                 "escape-character": "escape"}
+        if csv:
+            kw["csv_options"] = {names[k]: v for k, v in csv.items()}
+    kw["ordered"] = c.option("source.ordered", "false").lower() == "true"
+    mode = c.option("changelog.mode", "all").lower()
+    modes = {"all": None, "insert-only": "insert-only", "upsert": "upsert"}
+    if mode not in modes:
+        raise ctx.error(f"table {t.name}: 'changelog.mode' is 'all' (default), "
+                        f"'insert-only' or 'upsert', got {mode!r}", t.position)
+    kw["mode"] = modes[mode]
+    files = c.option("source.max-files-per-trigger")
+    max_files = int(files) if files else ctx.max_files_per_trigger
+    try:
+        stream = read_changes(ctx.spark, c.path, format=c.reader_format,
+                              schema=t.schema_ddl(), primary_key=t.primary_key or None,
+                              streaming=ctx.streaming, strict=ctx.strict,
+                              max_files_per_trigger=max_files, name=t.name, **kw)
+    except ValueError as e:
+        raise ctx.error(f"table {t.name}: {e}", t.position) from None
+    fields = [Field(t.name, col.name, col.name) for col in t.physical_columns]
+    rel = Relation(stream, tuple(fields))
+    for col in t.columns:
+        if not col.computed:
+            continue
+        if col.proctime:
+            stream = rel.stream.with_column(col.name, "current_timestamp()", deterministic=False)
+        else:
+            expr = ctx.spark_sql(col.expression, rel, pos)
+            with ctx.analysis(f"computed column {col.name}", [col.expression],
+                              node_position(col.expression, pos)):
+                stream = rel.stream.with_column(col.name, expr)
+        rel = Relation(stream, rel.fields + (Field(t.name, col.name, col.name,
+                                                   proctime=col.proctime),))
+    order = tuple(col.name for col in t.columns)
+    if tuple(rel.stream.schema.columns) != order:
+        rel = Relation(rel.stream.select(*order), tuple(Field(t.name, n, n) for n in order))
+    if t.watermark is not None:
+        rel = Relation(rel.stream.with_watermark(t.watermark.column, t.watermark.bound_ms),
+                       rel.fields)
+    return rel
+
+
+__all__ = ["read_source"]
