@@ -29,7 +29,8 @@ from .plan import explain_plan
 from .plan.expressions import ExpressionError, aggregate_call, parse, project_item, to_spark_sql
 from .plan.execute import PlanWarning, run_sink
 from .plan.lower import Lowered, column_sql, lower, spark_types
-from .plan.nodes import (Aggregate, Deduplicate, Filter, Join, Node, Normalize, Project,
+from .plan.nodes import (Aggregate, ApplyAs, Deduplicate, Filter, History, Join, Node, Normalize,
+                         Project,
                          ProjectItem, Sink, Source, TopN, WatermarkAssigner, WindowAggregate,
                          WindowTableFunction, source_leaves)
 from .plan.rules import PlanError, fold_micro_batches, optimize, plan_sink
@@ -38,7 +39,8 @@ from .runtime.spark_keyed import DEFAULT_KEY_GROUPS
 JoinOn = Union[str, Sequence[Union[str, tuple]], dict, None]
 
 #: nodes that keep state: the event time must be declared below them
-_STATEFUL = {Normalize: "ChangelogNormalize", Join: "Join", Deduplicate: "Deduplicate",
+_STATEFUL = {Normalize: "ChangelogNormalize", History: "ScdType2History", Join: "Join",
+             Deduplicate: "Deduplicate",
              Aggregate: "GroupAggregate", TopN: "Rank", WindowAggregate: "WindowAggregate"}
 
 
@@ -147,6 +149,69 @@ class ChangelogStream:
                                       state_ttl_ms=state_ttl_ms,
                                       tombstone_retention_ms=tombstone_retention_ms,
                                       key_groups=key_groups))
+
+    def history(self, key: Union[str, Sequence[str], None] = None, *,
+                sequence_by: Union[str, Sequence[str], None] = None,
+                columns: Optional[Sequence[str]] = None,
+                track_history: Optional[Sequence[str]] = None,
+                track_history_except: Optional[Sequence[str]] = None,
+                ignore_null_updates: bool = False,
+                key_groups: int = DEFAULT_KEY_GROUPS) -> "ChangelogStream":
+        """SCD type 2 history of the changes of each ``key`` (default: the
+        primary key): one row per version with ``__START_AT``/``__END_AT``,
+        keyed by ``key`` + ``__START_AT``, exact whatever order the changes
+        arrive in (docs/operators.md, "SCD type 2 history").  Any keyed
+        changelog: a source, a join's or an aggregation's output.
+
+        ``sequence_by``: the column(s) that order a key's changes (several:
+        compared field by field; default: the source sequence ``_seq``);
+        ``columns``: the history's data columns (default: all);
+        ``track_history``/``track_history_except``: the columns whose change
+        opens a version (default: every non-key column); ``ignore_null_updates``:
+        a null in an upsert keeps the previous value (partial updates)."""
+        key = as_key(key) or self.traits.primary_key
+        if not key:
+            raise ValueError("history needs a key: the stream has no primary key; pass key=[...]")
+        have = self.traits.columns
+        seq = as_key(sequence_by)
+        cols = tuple(columns) if columns is not None else None
+        missing = [c for c in tuple(key) + seq + (cols or ()) if c not in have]
+        if missing:
+            raise ValueError(f"history: column(s) {missing} not among {list(have)}")
+        if cols is not None and not set(key) <= set(cols):
+            raise ValueError(f"history: the columns {list(cols)} must include the key {list(key)}")
+        if track_history is not None and track_history_except is not None:
+            raise ValueError("history: pass track_history or track_history_except, not both")
+        values = [c for c in (cols or have) if c not in key]
+        if track_history_except is not None:
+            track_history = [c for c in values if c not in set(track_history_except)]
+        if track_history is not None:
+            bad = [c for c in track_history if c not in values]
+            if bad:
+                raise ValueError(f"history: tracked column(s) {bad} are not non-key columns of "
+                                 f"the history {values}")
+            track_history = tuple(track_history)
+        return self._derive(History(self.node, tuple(key), seq, cols, track_history,
+                                    bool(ignore_null_updates), key_groups))
+
+    def apply_as(self, deletes=None, truncates=None, *,
+                 key: Union[str, Sequence[str], None] = None,
+                 sequence_by: Union[str, Sequence[str], None] = None,
+                 resequence: bool = False) -> "ChangelogStream":
+        """Auto CDC's event options (docs/operators.md, "Auto CDC"):
+        ``deletes``, a Spark SQL condition over a change (``"op = 'D'"``),
+        makes matching changes deletes; ``truncates`` makes matching changes
+        delete every ``key`` (default: the primary key) at their sequence (a
+        bounded input only).  ``sequence_by``: the column(s) placing a change;
+        ``resequence``: its one integer or timestamp column becomes ``_seq``."""
+        key = as_key(key) or self.traits.primary_key
+        seq = as_key(sequence_by)
+        if resequence and len(seq) != 1:
+            raise ValueError("apply_as: resequence needs exactly one sequence_by column")
+        if truncates is not None and not key:
+            raise ValueError("apply_as: truncates need the keys (key=[...])")
+        return self._derive(ApplyAs(self.node, deletes, truncates, tuple(key), seq,
+                                    bool(resequence)))
 
     # -- deduplication, aggregation, Top-N (docs/operators.md) -------------------
     def deduplicate(self, key: Union[str, Sequence[str], None] = None,

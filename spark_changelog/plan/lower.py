@@ -29,8 +29,8 @@ from ..model.rowkind import RowKind
 from ..operators.keys import GLOBAL_KEY
 from ..runtime.spark_keyed import DEFAULT_KEY_GROUPS, apply_keyed, arrow_schema_of
 from . import expressions
-from .nodes import (WINDOW_END, WINDOW_START, Aggregate, Deduplicate, Filter, Join, Materialize,
-                    Node, Normalize, Project, Sink, Source, TopN, WatermarkAssigner,
+from .nodes import (WINDOW_END, WINDOW_START, Aggregate, ApplyAs, Deduplicate, Filter, History,
+                    Join, Materialize, Node, Normalize, Project, Sink, Source, TopN, WatermarkAssigner,
                     WindowAggregate, WindowTableFunction, join_input_specs)
 from .rules import PlanError
 
@@ -115,6 +115,12 @@ def _lower(node: Node) -> Lowered:
         return _keyed(inp, inp.df, op, node.key_groups)
     if isinstance(node, Join):
         return _join(node, lower(node.left), lower(node.right))
+    if isinstance(node, ApplyAs):
+        from .lower_auto_cdc import lower_apply_as
+        return lower_apply_as(node, lower(node.input))
+    if isinstance(node, History):
+        from .lower_auto_cdc import lower_history
+        return lower_history(node, lower(node.input), _keyed)
     if isinstance(node, WindowAggregate):
         return _window_aggregate(node)
     if isinstance(node, WindowTableFunction):

@@ -25,6 +25,9 @@ Trait rules (docs/semantics.md, sections 1-4 and 10):
   key, and (partition, rank) of a Top-N with the rank number become the unique
   key and upsert key; keep first emits inserts only; a Top-N without the rank
   number has no upsert key (rows enter and leave whole).
+* History (SCD type 2): the key plus ``__START_AT`` is the unique key, upsert
+  key and primary key; a retract stream (versions are updated and removed).
+  ApplyAs (Auto CDC's delete/truncate conditions) keeps every trait.
 * Exchange (the shuffle in front of a join side): the upsert key survives only
   if it contains the shuffle columns; otherwise rows of one upsert key go to
   different tasks and their order is lost (the seed's ``s1`` shuffled by
@@ -62,6 +65,7 @@ import dataclasses
 from typing import Callable, Iterable, Optional, Sequence
 
 from ..model import ChangelogMode, join_output_names
+from ..model.history import history_columns
 from ..model.join_side import JOIN_KEY_CONTAINS_UNIQUE_KEY, JoinInputSideSpec, join_input_side_spec
 from ..model.watermark import DAY_MS, BoundedOutOfOrderness, WatermarkStrategy
 
@@ -381,6 +385,78 @@ class Normalize(_Unary):
                       frozenset(), t.has_watermark, primary_key=key,
                       time_attribute=t.time_attribute, watermark=t.watermark,
                       notes=(MINI_BATCH_NOTE,) if self.fold_batch else ())
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ApplyAs(_Unary):
+    """Auto CDC's event options in front of a history or a table
+    (docs/operators.md, "Auto CDC"): ``delete_when`` (a Spark SQL condition
+    over the change) turns matching changes into deletes; ``truncate_when``
+    marks changes that delete every key (a bounded input only: each becomes a
+    delete of every key in ``key`` seen, computed key-wise in Spark);
+    ``resequence``: the one column of ``sequence_by`` (integer or timestamp)
+    becomes the sequence ``_seq``.  ``sequence_by``: the columns that place a
+    change (a truncate's deletes carry its values).  Keeps the input's traits."""
+
+    input: Node
+    delete_when: Optional[str] = None
+    truncate_when: Optional[str] = None
+    key: Key = ()
+    sequence_by: Key = ()
+    resequence: bool = False
+
+    def label(self) -> str:
+        parts = [f"applyAsDeletes=[{self.delete_when}]" if self.delete_when else "",
+                 f"applyAsTruncates=[{self.truncate_when}]" if self.truncate_when else "",
+                 f"sequence=[{self.sequence_by[0]}]" if self.resequence else ""]
+        return f"ApplyAs({', '.join(p for p in parts if p)})"
+
+    def derive_traits(self) -> Traits:
+        return dataclasses.replace(self.input.traits, notes=())
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class History(_Unary):
+    """SCD type 2 history of the changes of ``key`` (docs/operators.md, "SCD
+    type 2 history"): one row per version with ``__START_AT``/``__END_AT``.
+    Traits: the history key (``key`` + ``__START_AT``) is the unique key,
+    upsert key and primary key; the output retracts versions it changes
+    (``-U``/``+U``, ``-D``); it restores order itself (a late change is placed
+    by its sequence), so the output is ordered."""
+
+    input: Node
+    key: Key
+    sequence_by: Key = ()              # () : the source sequence _seq
+    columns: Optional[Key] = None      # None: every input column
+    track_history: Optional[Key] = None
+    ignore_null_updates: bool = False
+    key_groups: Optional[int] = None
+
+    @property
+    def data_columns(self) -> Key:
+        return tuple(self.columns) if self.columns is not None else tuple(self.input.traits.columns)
+
+    @property
+    def history_columns(self) -> tuple[Key, Key]:
+        return history_columns(self.sequence_by)
+
+    @property
+    def history_key(self) -> Key:
+        return tuple(self.key) + self.history_columns[0]
+
+    def label(self) -> str:
+        tracked = self.track_history if self.track_history is not None else tuple(
+            c for c in self.data_columns if c not in self.key)
+        return (f"ScdType2History(key={fmt_key(self.key)}, historyKey={fmt_key(self.history_key)}, "
+                f"sequenceBy={fmt_key(self.sequence_by or ('_seq',))}, "
+                f"trackHistory={fmt_key(tracked)}"
+                + (", ignoreNullUpdates=[true]" if self.ignore_null_updates else "") + ")")
+
+    def derive_traits(self) -> Traits:
+        start, end = self.history_columns
+        hk = self.history_key
+        return Traits(self.data_columns + start + end, ChangelogMode.RETRACT, (hk,), hk,
+                      frozenset(), self.input.traits.has_watermark, primary_key=hk)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -801,7 +877,7 @@ def source_leaves(node: Node) -> list[Source]:
 
 
 __all__ = ["Traits", "Node", "Source", "WatermarkAssigner", "Project", "ProjectItem", "Filter",
-           "Normalize", "Join", "Materialize", "Sink", "Deduplicate", "Aggregate", "TopN",
+           "Normalize", "ApplyAs", "History", "Join", "Materialize", "Sink", "Deduplicate", "Aggregate", "TopN",
            "AggCall", "agg_text", "infer", "join_traits",
            "exchange_upsert_key", "join_input_specs", "source_leaves",
            "fmt_key", "fmt_keys", "Key"]

@@ -37,7 +37,8 @@ import weakref
 from typing import Optional, Sequence
 
 from ..model import ChangelogMode
-from .nodes import (Aggregate, Deduplicate, Filter, Join, Materialize, Node, Normalize, Project,
+from .nodes import (Aggregate, Deduplicate, Filter, History, Join, Materialize, Node, Normalize,
+                    Project,
                     Sink, TopN, Traits, WatermarkAssigner, fmt_key, source_leaves)
 
 STRATEGIES = ("auto", "none", "force")
@@ -287,7 +288,7 @@ def plan_sink(node: Node, key: Sequence[str], *, table: str = "sink", strategy: 
 
 
 #: plan nodes whose state holds a row (or more) per key until it is retracted
-_KEYED_STATE = (Join, Materialize, Normalize, Deduplicate, Aggregate, TopN)
+_KEYED_STATE = (Join, Materialize, Normalize, Deduplicate, Aggregate, TopN, History)
 
 
 def state_warnings(node: Node) -> list[str]:

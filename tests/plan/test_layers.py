@@ -32,6 +32,9 @@ ALLOWED = {
     # SQL builds its plan with the Python API's ChangelogStream (docs/sql.md)
     "sql": {"model", "api", "plan", "plan.lower", "operators", "connectors", "sinks", "runtime"},
     "api": {"model", "plan", "plan.lower", "operators", "connectors", "sinks", "runtime"},
+    # Auto CDC's interface (create_auto_cdc_flow) over the Python API
+    "auto_cdc": {"model", "api", "plan", "plan.lower", "operators", "connectors", "sinks",
+                 "runtime"},
 }
 TOP = {"cli", "demo", "__init__"}      # entry points: may import anything
 

@@ -1,0 +1,90 @@
+"""Lowering of the Auto CDC nodes (``ApplyAs``, ``History``); part of
+``plan.lower``, the one place that builds operators and DataFrames.
+
+docs/operators.md, "Auto CDC" and "SCD type 2 history".
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from ..model import KIND_COL, METRICS_COL, METRICS_KIND, SEQ_COL
+from ..model.rowkind import RowKind
+from ..runtime.spark_keyed import arrow_schema_of
+from .nodes import ApplyAs, History
+from .rules import PlanError
+
+
+def _condition(condition):
+    """A Spark SQL condition (text, or the user's Column); null is false."""
+    from pyspark.sql import functions as F
+    return F.coalesce(F.expr(condition) if isinstance(condition, str) else condition,
+                      F.lit(False))
+
+
+def lower_apply_as(node: ApplyAs, inp):
+    """Deletes by condition, truncates as key-wise deletes, the sequence
+    column as ``_seq``; side rows pass unchanged."""
+    from pyspark.sql import functions as F
+    df = inp.df
+    kind = F.col(KIND_COL)
+    is_data = kind != F.lit(METRICS_KIND)
+    if node.resequence:
+        (column,) = node.sequence_by
+        dtype = dict(df.dtypes)[column]
+        value = F.col(column)
+        if dtype.startswith("timestamp"):
+            value = F.unix_micros(value.cast("timestamp"))
+        elif dtype not in ("tinyint", "smallint", "int", "bigint"):
+            raise PlanError(f"sequence_by column {column!r} has type {dtype}: the table (SCD "
+                            "type 1) orders by one integer or timestamp column")
+        df = df.withColumn(SEQ_COL, F.when(is_data, value.cast("bigint")).otherwise(F.col(SEQ_COL)))
+    if node.delete_when:
+        delete = F.lit(int(RowKind.DELETE)).cast(df.schema[KIND_COL].dataType)
+        df = df.withColumn(KIND_COL, F.when(is_data & _condition(node.delete_when), delete)
+                           .otherwise(kind))
+    if node.truncate_when:
+        df = _truncates_as_deletes(df, node)
+    return dataclasses.replace(inp, df=df, reader=None)
+
+
+def _truncates_as_deletes(df, node: ApplyAs):
+    """A truncate at sequence T deletes every key at T: one delete per (key
+    seen in the input, truncate), so the keyed operators apply it like any
+    delete, in sequence order, whatever order changes arrive in."""
+    from pyspark.sql import functions as F
+    if df.isStreaming:
+        raise PlanError("apply_as_truncates needs a bounded input (streaming=False): a truncate "
+                        "deletes every key, including keys of earlier micro-batches that only "
+                        "the operator state knows")
+    if not node.key:
+        raise PlanError("apply_as_truncates needs the keys")
+    is_data = F.col(KIND_COL) != F.lit(METRICS_KIND)
+    truncate = is_data & _condition(node.truncate_when)
+    rest = df.where(~truncate)
+    keys = rest.where(is_data).select(*node.key).distinct()
+    placed = [c for c in node.sequence_by if c not in node.key]
+    at = df.where(truncate).select(*placed, SEQ_COL)
+    deletes = keys.crossJoin(at).withColumn(
+        KIND_COL, F.lit(int(RowKind.DELETE)).cast(df.schema[KIND_COL].dataType))
+    return rest.unionByName(deletes, allowMissingColumns=True)
+
+
+def lower_history(node: History, inp, keyed):
+    """The history operator over the history's columns (and the sequence
+    columns): one keyed step."""
+    from ..operators.scd2 import ScdType2History
+    from .lower import data_rows
+    columns = node.data_columns
+    keep = list(dict.fromkeys(list(columns) + list(node.sequence_by)))
+    df = inp.df
+    wanted = keep + [KIND_COL, SEQ_COL] + ([METRICS_COL] if METRICS_COL in df.columns else [])
+    if list(df.columns) != wanted:
+        df = df.select(*wanted)
+        inp = dataclasses.replace(inp, df=df, reader=None)
+    op = ScdType2History(arrow_schema_of(data_rows(df)), node.key, sequence_by=node.sequence_by,
+                         columns=columns, track_history=node.track_history,
+                         ignore_null_updates=node.ignore_null_updates)
+    return keyed(inp, df, op, node.key_groups)
+
+
+__all__ = ["lower_apply_as", "lower_history"]
