@@ -28,14 +28,27 @@ def cmd_normalize(args) -> int:
     stream = read_changes(spark, args.input, format=args.format, schema=args.schema,
                           primary_key=args.key, streaming=args.streaming, strict=args.strict,
                           max_files_per_trigger=args.max_files_per_trigger, **kw)
-    # the product is a table, not a changelog: fold each key's changes per
-    # micro-batch (same table, fewer rows to the sink), unless the emitted
-    # changelog is asked for with --changelog, which then lists every version
-    out = stream.with_mini_batch(args.changelog is None).normalize(
-        state_ttl_ms=args.state_ttl_ms, key_groups=args.key_groups)
+    key = None
+    if args.scd_type == 2:
+        # the history table: one row per version, keyed by key + __START_AT
+        # (docs/operators.md, "SCD type 2 history")
+        out = stream.history(track_history=args.track_history,
+                             ignore_null_updates=args.ignore_null_updates,
+                             key_groups=args.key_groups)
+        key = out.traits.primary_key
+    else:
+        if args.track_history or args.ignore_null_updates:
+            print("error: --track-history and --ignore-null-updates need --scd-type 2",
+                  file=sys.stderr)
+            return 2
+        # the product is a table, not a changelog: fold each key's changes per
+        # micro-batch (same table, fewer rows to the sink), unless the emitted
+        # changelog is asked for with --changelog, which then lists every version
+        out = stream.with_mini_batch(args.changelog is None).normalize(
+            state_ttl_ms=args.state_ttl_ms, key_groups=args.key_groups)
     dead = args.dead_letter
     report = out.write_upsert(args.output, checkpoint=args.checkpoint, changelog_path=args.changelog,
-                              dead_letter=dead, strict=args.strict)
+                              dead_letter=dead, strict=args.strict, key=key)
     print(report.summary())
     return 0
 
@@ -112,6 +125,10 @@ def cmd_plot_watermarks(args) -> int:
     return 0
 
 
+def _columns(text: str) -> list:
+    return [c.strip() for c in text.split(",") if c.strip()]
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="spark-changelog",
                                 description="Flink-SQL-grade changelog processing on Apache Spark")
@@ -119,7 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--conf", action="append", metavar="KEY=VALUE", help="extra Spark config")
     sub = p.add_subparsers(dest="command", required=True)
 
-    n = sub.add_parser("normalize", help="CDC files -> the final table (keep last per key) as a Delta upsert table")
+    n = sub.add_parser("normalize", help="CDC files -> the final table (keep last per key), or its "
+                                         "history (--scd-type 2), as a Delta upsert table")
     n.add_argument("input")
     n.add_argument("output")
     n.add_argument("--format", required=True,
@@ -141,6 +159,15 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--state-ttl-ms", type=int, default=None)
     n.add_argument("--key-groups", type=int, default=32)
     n.add_argument("--max-files-per-trigger", type=int, default=None)
+    n.add_argument("--scd-type", type=int, choices=[1, 2], default=1,
+                   help="1: the table (keep last per key); 2: the history, one row per version "
+                        "with __START_AT/__END_AT, keyed by the key and __START_AT")
+    n.add_argument("--track-history", metavar="COL,...", type=_columns, default=None,
+                   help="with --scd-type 2: the columns whose change opens a version (default: "
+                        "every non-key column); others are updated in place")
+    n.add_argument("--ignore-null-updates", action="store_true",
+                   help="with --scd-type 2: a null in an update keeps the previous value "
+                        "(partial updates)")
     n.set_defaults(func=cmd_normalize)
 
     r = sub.add_parser("run", help="run a Flink SQL script: its INSERT INTO statements, as batch "

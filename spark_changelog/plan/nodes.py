@@ -437,6 +437,12 @@ class History(_Unary):
         return tuple(self.columns) if self.columns is not None else tuple(self.input.traits.columns)
 
     @property
+    def state_ttl_ms(self) -> None:
+        """No state TTL: a key's changes are its history's source (a late
+        change is placed among them), kept as long as the history table."""
+        return None
+
+    @property
     def history_columns(self) -> tuple[Key, Key]:
         return history_columns(self.sequence_by)
 

@@ -1,0 +1,38 @@
+"""A streaming SCD type 2 history job writing to PostgreSQL, run as its own
+process by tests/operators/test_scd2_spark.py.
+
+argv: INPUT_DIR CONNINFO TABLE CHECKPOINT [HANG_AFTER_BATCH]
+With HANG_AFTER_BATCH=k the job prints ``committed k`` after batch k was
+committed by the sink and then hangs inside the batch, before Spark records
+it as done: the test kills it there, so the restart replays batch k.
+"""
+import sys
+
+import pyarrow as pa
+
+from job_progress import progress_printer
+from spark_changelog.api import ChangelogStream
+from spark_changelog.runtime.session import build_session
+from spark_changelog.sinks.postgres import PostgresUpsertSink
+
+SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("city", pa.string()),
+                    ("__START_AT", pa.int64()), ("__END_AT", pa.int64())])
+
+
+def main() -> None:
+    src, conninfo, table, ck = sys.argv[1:5]
+    hang_after = int(sys.argv[5]) if len(sys.argv) > 5 else None
+    spark = build_session("history-crash-test-job", configs={"spark.sql.shuffle.partitions": "2"})
+    df = (spark.readStream.format("parquet").option("maxFilesPerTrigger", 1)
+          .schema("id BIGINT, name STRING, city STRING, _kind TINYINT, _seq BIGINT").load(src))
+    stream = ChangelogStream.from_dataframe(df, primary_key=["id"]).history(key_groups=4)
+    sink = PostgresUpsertSink(conninfo, table, ["id", "__START_AT"], SCHEMA)
+
+    progress = progress_printer(hang_after)
+    report = stream.write_upsert(sink, checkpoint=ck, progress=progress)
+    print(f"finished batches={report.batches} replayed={report.replayed_batches}", flush=True)
+    sink.close()
+
+
+if __name__ == "__main__":
+    main()
