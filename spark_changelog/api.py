@@ -709,6 +709,33 @@ def read_changes(spark, path, format: str = "debezium-json", schema=None, primar
     return ChangelogStream(spark, node)
 
 
+def read_snapshots(spark, snapshots, primary_key, *, format: str = "parquet", schema=None,
+                   sequence: Optional[Sequence[int]] = None,
+                   versions: Optional[Sequence[int]] = None,
+                   name: Optional[str] = None) -> ChangelogStream:
+    """CDC from snapshots (docs/operators.md, "CDC from snapshots"): the
+    changelog of successive full snapshots of a table, compared key by key in
+    one Spark job (``connectors.snapshots``).  ``snapshots``: a list of
+    DataFrames or paths (one full snapshot each, read with ``format`` and
+    ``schema``), oldest first, with ``sequence`` values (default 0, 1, ...);
+    or, with ``format="delta"``, the path of a Delta table whose ``versions``
+    (default: all) are the snapshots and whose version numbers are the
+    sequence.  A bounded stream: ``.history()`` gives the table's SCD type 2
+    history, ``.normalize()`` its last snapshot."""
+    from .connectors.snapshots import delta_snapshots, snapshot_changelog
+    key = as_key(primary_key)
+    if not key:
+        raise ValueError("read_snapshots needs a primary_key to compare snapshots by")
+    if format == "delta":
+        frames, sequence = delta_snapshots(spark, os.fspath(snapshots), versions)
+    else:
+        frames = [s if hasattr(s, "columns") else
+                  (spark.read.format(format).schema(schema) if schema else
+                   spark.read.format(format)).load(os.fspath(s)) for s in snapshots]
+    df = snapshot_changelog(frames, key, sequence)
+    return ChangelogStream.from_dataframe(df, key, ChangelogMode.RETRACT, name=name or "snapshots")
+
+
 def read_debezium(spark, path, schema=None, primary_key=None, **kw) -> ChangelogStream:
     return read_changes(spark, path, "debezium-json", schema, primary_key, **kw)
 
@@ -722,4 +749,5 @@ def read_maxwell(spark, path, schema=None, primary_key=None, **kw) -> ChangelogS
 
 
 __all__ = ["ChangelogStream", "PlanWarning", "PlanError", "read_changes", "read_debezium",
+           "read_snapshots",
            "read_canal", "read_maxwell"]

@@ -153,3 +153,40 @@ def test_create_auto_cdc_flow_deletes_and_truncates(spark, tmp_path):
     create_auto_cdc_flow(str(tmp_path / "t"), df, stored_as_scd_type=1, **opts)
     t = read_table(str(tmp_path / "t")).sort_values("id")
     assert t[["id", "name", "ts"]].values.tolist() == [[1, "c", 30], [2, "e", 40]]
+
+
+SNAPSHOTS = [
+    [(1, "a"), (2, "b")],
+    [(1, "a2"), (3, "c")],
+    [(1, "a2"), (2, "b3"), (3, "c")],
+]
+
+
+def test_cdc_from_snapshots_files_and_delta_versions(spark, tmp_path):
+    """Successive full snapshots -> changelog (key-wise, in Spark) -> history;
+    as Parquet directories, and as the versions of a Delta table."""
+    from deltalake import write_deltalake
+    from spark_changelog.api import read_snapshots
+    paths = []
+    for i, rows in enumerate(SNAPSHOTS):
+        paths.append(str(tmp_path / f"snap{i}"))
+        spark.createDataFrame(rows, "id BIGINT, name STRING").write.parquet(paths[-1])
+        write_deltalake(str(tmp_path / "delta"), pa.table({"id": pa.array([r[0] for r in rows],
+                                                                          pa.int64()),
+                                                           "name": [r[1] for r in rows]}),
+                        mode="overwrite")
+    stream = read_snapshots(spark, paths, ["id"], sequence=[10, 20, 30])
+    log = stream.collect()
+    got = [[int(k), int(i), n, int(s)] for k, i, n, s in
+           log[["_kind", "id", "name", "_seq"]].values.tolist()]
+    got = sorted(got, key=lambda r: (r[3], r[1], r[0]))
+    assert got == [[0, 1, "a", 10], [0, 2, "b", 10],
+                   [1, 1, "a", 20], [2, 1, "a2", 20], [3, 2, "b", 20], [0, 3, "c", 20],
+                   [0, 2, "b3", 30]]
+    expected = [[1, "a", 0, 1], [1, "a2", 1, None], [2, "b", 0, 1], [2, "b3", 2, None],
+                [3, "c", 1, None]]
+    # the Delta table's versions 0, 1, 2 are the sequence
+    source = read_snapshots(spark, str(tmp_path / "delta"), ["id"], format="delta")
+    source.history().write_upsert(str(tmp_path / "h"), key=["id", "__START_AT"])
+    h = read_table(str(tmp_path / "h")).assign(city=None)
+    assert [[r[0], r[1], r[3], r[4]] for r in _rows(h)] == expected
