@@ -107,10 +107,12 @@ def cmd_explain(args) -> int:
 def cmd_cat(args) -> int:
     from .sinks.delta import read_table
     df = read_table(args.table)
+    from .sinks.text import csv_ready, json_lines
     if args.format == "csv":
-        df.to_csv(sys.stdout, index=False)
+        csv_ready(df).to_csv(sys.stdout, index=False)
     else:
-        df.to_json(sys.stdout, orient="records", lines=True, date_format="iso")
+        for line in json_lines(df):
+            sys.stdout.write(line + "\n")
     return 0
 
 

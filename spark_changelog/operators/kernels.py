@@ -137,9 +137,32 @@ def rows_equal(a: pd.DataFrame, b: pd.DataFrame, columns: Sequence[str]) -> np.n
         x, y = x.to_numpy(), y.to_numpy()
         both_null = pd.isna(x) & pd.isna(y)
         with np.errstate(invalid="ignore"):
-            same = np.asarray(x == y, dtype=bool)
+            try:
+                same = np.asarray(x == y, dtype=bool)
+            except (ValueError, TypeError):
+                # ARRAY/MAP/ROW values (numpy arrays, lists of pairs, dicts)
+                # compare element by element, nulls inside equal to nulls
+                same = np.fromiter((same_value(a, b) for a, b in zip(x, y)), dtype=bool,
+                                   count=len(x))
         eq &= same | both_null
     return eq
+
+
+def same_value(a, b) -> bool:
+    """Equality of two values of an ARRAY, MAP or ROW column (as pandas
+    holds them: numpy arrays, lists of (key, value) pairs, dicts), nested;
+    null equals null."""
+    if isinstance(a, dict) or isinstance(b, dict):
+        return (isinstance(a, dict) and isinstance(b, dict) and list(a) == list(b)
+                and all(same_value(a[k], b[k]) for k in a))
+    if isinstance(a, (np.ndarray, list, tuple)) or isinstance(b, (np.ndarray, list, tuple)):
+        return (isinstance(a, (np.ndarray, list, tuple)) and isinstance(b, (np.ndarray, list, tuple))
+                and len(a) == len(b) and all(same_value(p, q) for p, q in zip(a, b)))
+    a_null, b_null = a is None or (pd.api.types.is_scalar(a) and pd.isna(a)), \
+        b is None or (pd.api.types.is_scalar(b) and pd.isna(b))
+    if a_null or b_null:
+        return a_null and b_null
+    return bool(a == b)
 
 
 def event_time_ms(col: pd.Series) -> np.ndarray:

@@ -27,7 +27,7 @@ from typing import Optional
 from ..model import KIND_COL, METRICS_COL, METRICS_KIND, SEQ_COL, ChangelogMode
 from ..model.rowkind import RowKind
 from ..operators.keys import GLOBAL_KEY
-from ..runtime.spark_keyed import DEFAULT_KEY_GROUPS, apply_keyed, arrow_schema_of
+from ..runtime.spark_keyed import DEFAULT_KEY_GROUPS, apply_keyed, operator_schema_of
 from . import expressions
 from .nodes import (WINDOW_END, WINDOW_START, Aggregate, ApplyAs, Deduplicate, Filter, History,
                     Join, Materialize, Node, Normalize, Project, Sink, Source, TopN, WatermarkAssigner,
@@ -100,7 +100,7 @@ def _lower(node: Node) -> Lowered:
     if isinstance(node, Normalize):
         from ..operators.normalize import ChangelogNormalize
         inp = lower(node.input)
-        op = ChangelogNormalize(arrow_schema_of(inp.data_df), node.key,
+        op = ChangelogNormalize(operator_schema_of(inp.data_df), node.key,
                                 state_ttl_ms=node.state_ttl_ms,
                                 tombstone_retention_ms=node.tombstone_retention_ms,
                                 generate_update_before=node.generate_update_before,
@@ -109,7 +109,7 @@ def _lower(node: Node) -> Lowered:
     if isinstance(node, Materialize):
         from ..operators.sink_upsert_materializer import SinkUpsertMaterializer
         inp = lower(node.input)
-        op = SinkUpsertMaterializer(arrow_schema_of(inp.data_df), node.sink_key,
+        op = SinkUpsertMaterializer(operator_schema_of(inp.data_df), node.sink_key,
                                     upsert_key=node.upsert_key, state_ttl_ms=node.state_ttl_ms,
                                     conflict=node.conflict)
         return _keyed(inp, inp.df, op, node.key_groups)
@@ -132,7 +132,7 @@ def _lower(node: Node) -> Lowered:
     if isinstance(node, Aggregate):
         from ..operators.aggregate.group_aggregate import GroupAggregate
         inp = lower(node.input)
-        op = GroupAggregate(arrow_schema_of(inp.data_df), node.key, node.aggs,
+        op = GroupAggregate(operator_schema_of(inp.data_df), node.key, node.aggs,
                             generate_update_before=node.generate_update_before,
                             emit_unchanged=node.emit_unchanged, state_ttl_ms=node.state_ttl_ms)
         return _keyed(inp, inp.df, op, node.key_groups)
@@ -141,7 +141,7 @@ def _lower(node: Node) -> Lowered:
         inp, partition = _keyed_input(lower(node.input), node.partition_by)
         cls = AppendOnlyTopN if node.input.traits.mode is ChangelogMode.INSERT_ONLY \
             else RetractableTopN
-        op = cls(arrow_schema_of(inp.data_df), partition, node.n, node.order_by,
+        op = cls(operator_schema_of(inp.data_df), partition, node.n, node.order_by,
                  rank_column=node.rank_column, state_ttl_ms=node.state_ttl_ms)
         return _without_global_key(_keyed(inp, inp.df, op, node.key_groups))
     raise PlanError(f"no lowering for plan node {type(node).__name__}")
@@ -165,7 +165,7 @@ def _window_aggregate(node: WindowAggregate) -> Lowered:
     inp = lower(source)
     if tvf.window.merging:   # sessions merge per key: the operator's key is the group keys
         inp, group_keys = _keyed_input(inp, group_keys)
-    data = arrow_schema_of(inp.data_df)
+    data = operator_schema_of(inp.data_df)
     ts = pa.timestamp("us", tz="UTC")
     fields = [f for f in data if f.name not in (KIND_COL, SEQ_COL)]
     projected = pa.schema(fields + [pa.field(WINDOW_START, ts), pa.field(WINDOW_END, ts),
@@ -183,7 +183,7 @@ def _deduplicate(node: Deduplicate, inp: Lowered) -> Lowered:
     from ..operators import deduplicate as d
     from ..operators.normalize import ChangelogNormalize
     inp, key = _keyed_input(inp, node.key)
-    schema = arrow_schema_of(inp.data_df)
+    schema = operator_schema_of(inp.data_df)
     if node.input.traits.mode is not ChangelogMode.INSERT_ONLY:
         op = ChangelogNormalize(schema, key, state_ttl_ms=node.state_ttl_ms,
                                 generate_update_before=node.generate_update_before,
@@ -290,7 +290,7 @@ def _filter(node: Filter, inp: Lowered) -> Lowered:
 
 def _join(node: Join, left: Lowered, right: Lowered) -> Lowered:
     from ..operators.join import JoinInputLayout, RegularJoin
-    layout = JoinInputLayout(arrow_schema_of(left.data_df), arrow_schema_of(right.data_df),
+    layout = JoinInputLayout(operator_schema_of(left.data_df), operator_schema_of(right.data_df),
                              node.left_keys, node.right_keys)
     left_spec, right_spec = join_input_specs(node)
     op = RegularJoin(layout, node.how, left_spec.unique_key, right_spec.unique_key, node.condition,

@@ -46,7 +46,7 @@ from .event_time import batch_progress, run_event_time_batch
 from .state_runs import RunStack, run_schema
 from .spark_keyed import (BLOB_SCHEMA, KEY_GROUP_COL, META_SCHEMA, METRICS_GROUP, METRICS_KIND,
                           RUN_ID_SCHEMA, KeyGroupProcessor, _arrow_input, _arrow_output,
-                          _with_metrics, arrow_schema_of, output_schema_with_metrics,
+                          _with_metrics, operator_schema_of, output_schema_with_metrics,
                           spark_schema, split_upstream_metrics)
 
 #: ``_kind`` of a watermark summary row (never leaves the operator)
@@ -214,7 +214,7 @@ def project_windows(df, column: str, assigner: WindowAssigner):
     ``df`` with each row repeated per window and ``window_start``/``window_end``
     added (one Arrow pass, the same arithmetic as the window aggregate's);
     side rows pass with null bounds."""
-    in_schema = arrow_schema_of(df)
+    in_schema = operator_schema_of(df)
     fields = list(in_schema)
     ts = pa.timestamp("us", tz="UTC")
     pos = [f.name for f in fields].index(KIND_COL)
@@ -249,7 +249,7 @@ def pack_event_time_input(df, spec: EventTimeSpec, key, key_groups: int,
     elif spec.partition is not None:
         src = src.withColumn(PART_COL, F.col(f"`{spec.partition}`").cast("string"))
     # (one source partition: no column, the Arrow pass knows)
-    in_schema = arrow_schema_of(src)
+    in_schema = operator_schema_of(src)
     fields = [f for f in in_schema if f.name != PART_COL]
     fields += [pa.field(PART_COL, pa.string()), pa.field(PROGRESS_COL, pa.int64())]
     if assigner is not None:

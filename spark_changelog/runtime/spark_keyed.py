@@ -83,6 +83,15 @@ def arrow_schema_of(df) -> pa.Schema:
     return to_arrow_schema(df.schema, timezone="UTC")
 
 
+def operator_schema_of(df) -> pa.Schema:
+    """:func:`arrow_schema_of` with every field nullable: what an operator is
+    built with.  Operators emit side rows (every data column null) among
+    their rows, and an outer join or an aggregate may emit nulls, so a
+    ``NOT NULL`` input column (a DataFrame's) must not make their Arrow
+    output ``NOT NULL`` (pyarrow refuses the side row)."""
+    return pa.schema([f.with_nullable(True) for f in arrow_schema_of(df)])
+
+
 def output_schema_with_metrics(operator: KeyedOperator) -> pa.Schema:
     return operator.output_schema.append(pa.field(METRICS_COL, pa.string()))
 

@@ -13,19 +13,13 @@ from __future__ import annotations
 import sys
 from typing import Optional, Sequence, TextIO
 
-import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from ..model import KIND_COL, SEQ_COL, RowKind
 from .base import UpsertSink, check_kinds
-
-
-def _text(v) -> str:
-    if v is None or v is pd.NaT or v is pd.NA or (isinstance(v, float) and np.isnan(v)):
-        return "null"
-    if isinstance(v, np.generic):
-        v = v.item()
-    return str(v)
+from .text import flink_text
 
 
 class PrintSink(UpsertSink):
@@ -39,17 +33,27 @@ class PrintSink(UpsertSink):
 
     def write_batch(self, changes: pd.DataFrame, *, query_id: str, batch_id: int) -> dict:
         check_kinds(changes, batch_id)
+        return self.write_arrow_batch(pa.Table.from_pandas(changes, preserve_index=False),
+                                      query_id=query_id, batch_id=batch_id)
+
+    def write_arrow_batch(self, changes: pa.Table, *, query_id: str, batch_id: int) -> dict:
+        """The lines are built from the Arrow values, so a BIGINT column with
+        nulls prints ``3``, not pandas' ``3.0``, and a DECIMAL its digits."""
         out = self.out or sys.stdout
-        rows = changes.sort_values(SEQ_COL, kind="stable")
-        data = [c for c in rows.columns if c not in (KIND_COL, SEQ_COL)]
+        rows = changes.take(pc.sort_indices(changes, [(SEQ_COL, "ascending")]))
+        data = [c for c in rows.column_names if c not in (KIND_COL, SEQ_COL)]
         prefix = f"{self.identifier}> " if self.identifier else ""
-        lines = [f"{prefix}{RowKind(int(k)).short}[{', '.join(_text(v) for v in vals)}]"
-                 for k, vals in zip(rows[KIND_COL], rows[data].itertuples(index=False))]
+        kinds = rows.column(KIND_COL).to_pylist()
+        if any(k not in (0, 1, 2, 3) for k in kinds):
+            check_kinds(rows.select([KIND_COL]).to_pandas(), batch_id)
+        columns = [[flink_text(v) for v in rows.column(c).to_pylist()] for c in data]
+        lines = [f"{prefix}{RowKind(k).short}[{', '.join(vals)}]"
+                 for k, vals in zip(kinds, zip(*columns) if columns else [()] * len(kinds))]
         if lines:
             out.write("\n".join(lines) + "\n")
             out.flush()
-        adds = int(rows[KIND_COL].isin([0, 2]).sum())
-        return {"upserted": adds, "deleted": len(rows) - adds, "skipped_replay": False}
+        adds = sum(1 for k in kinds if k in (0, 2))
+        return {"upserted": adds, "deleted": len(kinds) - adds, "skipped_replay": False}
 
     def last_batch_id(self, query_id: str) -> int:
         return -1

@@ -12,10 +12,18 @@ import pyarrow.parquet as pq
 ARROW = {"BIGINT": pa.int64(), "STRING": pa.string(), "INT": pa.int32(), "DOUBLE": pa.float64()}
 
 
+def arrow_type(t: str) -> pa.DataType:
+    """The Arrow type of a column type name (``DECIMAL(p, s)`` included)."""
+    if t.upper().startswith("DECIMAL("):
+        p, s = t[t.index("(") + 1:t.index(")")].split(",")
+        return pa.decimal128(int(p), int(s))
+    return ARROW[t]
+
+
 def write_changelog(directory, columns: Sequence[str], types: Sequence[str], files) -> None:
     """``files``: per file, rows ``(kind, [values], seq)``."""
     os.makedirs(directory, exist_ok=True)
-    schema = pa.schema([(c, ARROW[t]) for c, t in zip(columns, types)]
+    schema = pa.schema([(c, arrow_type(t)) for c, t in zip(columns, types)]
                        + [("op", pa.string()), ("seq", pa.int64())])
     for i, rows in enumerate(files):
         data = {c: [r[1][j] for r in rows] for j, c in enumerate(columns)}

@@ -14,21 +14,27 @@ and pandas group operations, :meth:`Accumulator.result` computes every group's
 value.  The group aggregate and the window aggregate build their state rows
 from :attr:`Accumulator.scalar_fields` and :attr:`Accumulator.entry_fields`.
 
-Result types follow Flink 2.3 (recorded in ``tests/fixtures/flink/aggregate.json``):
-``COUNT`` is BIGINT, ``SUM``/``MIN``/``MAX``/``FIRST_VALUE``/``LAST_VALUE`` keep
-the input type, and ``AVG`` keeps it too: ``AVG`` over BIGINT is BIGINT (the
-quotient truncated toward zero, as Java's long division).
+Result types follow Flink 2.3 (recorded in ``tests/fixtures/flink/aggregate.json``
+and ``decimal.json``): ``COUNT`` is BIGINT, ``MIN``/``MAX``/``FIRST_VALUE``/
+``LAST_VALUE`` keep the input type, ``SUM``/``AVG`` of an integer are BIGINT
+(``AVG`` the quotient truncated toward zero, as Java's long division) and of
+``DECIMAL(p, s)`` are ``DECIMAL(38, s)`` / ``DECIMAL(38, max(6, s))``, summed
+exactly (:mod:`~spark_changelog.model.decimals`).  A sum that does not fit its
+result type raises :class:`AggregateOverflow` (Flink wraps a BIGINT around
+and turns a DECIMAL into null; we never change a value silently).
 """
 from __future__ import annotations
 
 import abc
 import dataclasses
+import decimal
 from typing import Optional
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from ...model import decimals
 from ..kernels import factorize_rows, fifo_survivors, group_sum, run_ends, run_starts
 
 GROUP = "_group"   # entries: the group index a value belongs to
@@ -60,8 +66,32 @@ class AccState:
     entries: Optional[pd.DataFrame] = None
 
 
+class AggregateOverflow(ArithmeticError):
+    """A result that does not fit its type; ``groups``: the positions of the
+    groups concerned (the operator names their keys)."""
+
+    def __init__(self, call: str, type_name: str, groups: np.ndarray, where: str = ""):
+        super().__init__(f"{call} overflows {type_name}{where}: the result does not fit its "
+                         "type (Flink would wrap a BIGINT around or emit null for a DECIMAL; "
+                         "we stop rather than change the value, docs/operators.md, \"DECIMAL\")")
+        self.call, self.type_name, self.groups = call, type_name, groups
+
+    def naming(self, groups: pd.DataFrame, columns) -> "AggregateOverflow":
+        """The same error naming the first group concerned by its key
+        (``groups``: the key columns of each group position)."""
+        if not len(groups) or not len(self.groups):
+            return self
+        row = groups.iloc[int(self.groups[0])]
+        where = ", ".join(f"{c}={row[c]}" for c in columns)
+        return AggregateOverflow(self.call, self.type_name, self.groups, f" in group ({where})")
+
+
 def _is_integer(t: pa.DataType) -> bool:
     return pa.types.is_integer(t)
+
+
+#: a float sum of int64 values at least this large may have left the int64 range
+_INT64_SUSPECT = float(2 ** 62)
 
 
 def _numeric_dtype(t: pa.DataType):
@@ -77,6 +107,10 @@ def input_values(series: pd.Series, t: pa.DataType) -> tuple[np.ndarray, np.ndar
     Numbers come back as int64/float64 whatever pandas made of them (an
     integer column with nulls arrives as float64 from Arrow)."""
     valid = ~np.asarray(pd.isna(series), dtype=bool)
+    if decimals.is_decimal(t):
+        vals = series.to_numpy(dtype=object).copy()
+        vals[~valid] = _ZERO
+        return vals, valid
     if pa.types.is_integer(t) or pa.types.is_floating(t):
         dtype = _numeric_dtype(t)
         raw = series.to_numpy(dtype=np.float64 if dtype is np.float64 else object, na_value=0) \
@@ -84,6 +118,9 @@ def input_values(series: pd.Series, t: pa.DataType) -> tuple[np.ndarray, np.ndar
         vals = np.where(valid, raw, 0).astype(dtype)
         return vals, valid
     return series.to_numpy(dtype=object), valid
+
+
+_ZERO = decimal.Decimal(0)
 
 
 def nullable_result(values: np.ndarray, valid: np.ndarray, t: pa.DataType):
@@ -198,30 +235,72 @@ class Count(CountStar):
 
 
 class Sum(Accumulator):
-    """``SUM(col)``: the sum and the number of non-null values (null when none)."""
+    """``SUM(col)``: the sum and the number of non-null values (null when none).
+    Integers are summed in int64 and a sum past its range raises
+    :class:`AggregateOverflow`; decimals are summed exactly (the state keeps
+    up to 76 digits) and a result past 38 digits raises it."""
 
     function = "SUM"
 
     @property
     def result_type(self):
-        return pa.int64() if _is_integer(self.input_type) else pa.float64()
+        t = self.input_type
+        if decimals.is_decimal(t):
+            return decimals.sum_type(t)
+        return pa.int64() if _is_integer(t) else pa.float64()
 
     @property
     def scalar_fields(self):
-        return [pa.field(self.field("sum"), self.result_type),
-                pa.field(self.field("n"), pa.int64())]
+        t = self.input_type
+        sum_state = decimals.state_sum_type(t) if decimals.is_decimal(t) else self.result_type
+        return [pa.field(self.field("sum"), sum_state), pa.field(self.field("n"), pa.int64())]
 
     def update(self, acc, rows):
         vals, valid = self._values(rows)
         sign = rows.sign * valid
-        s = acc.scalars[self.field("sum")] + group_sum(vals * sign, rows.group, rows.n_groups)
+        old = acc.scalars[self.field("sum")]
+        if decimals.is_decimal(self.input_type):
+            with decimals.exact():
+                s = old + group_sum(vals * sign, rows.group, rows.n_groups)
+        else:
+            s = old + group_sum(vals * sign, rows.group, rows.n_groups)
+            if s.dtype == np.int64:
+                self._check_int64(old, vals * sign, rows.group, rows.n_groups)
         n = acc.scalars[self.field("n")] + group_sum(sign.astype(np.int64), rows.group,
                                                       rows.n_groups)
         return AccState({self.field("sum"): s, self.field("n"): n})
 
+    def _check_int64(self, old: np.ndarray, terms: np.ndarray, group: np.ndarray, n: int):
+        """Raise :class:`AggregateOverflow` for the groups whose exact sum
+        leaves int64 (numpy wraps around silently).  A float sum finds the
+        few groups that come near the limit; only those are summed exactly."""
+        approx = old.astype(np.float64) + np.bincount(group, weights=terms.astype(np.float64),
+                                                      minlength=n)
+        near = np.flatnonzero(np.abs(approx) >= _INT64_SUSPECT)
+        if not len(near):
+            return
+        bad = [g for g in near
+               if not -2 ** 63 <= int(old[g]) + sum(int(x) for x in terms[group == g]) < 2 ** 63]
+        if bad:
+            raise AggregateOverflow(repr(self).split(" AS ")[0], "BIGINT", np.asarray(bad))
+
+    def _checked(self, values: np.ndarray, valid: np.ndarray) -> np.ndarray:
+        """Decimal results brought to the result type's scale; a group whose
+        result has more than 38 digits raises :class:`AggregateOverflow`."""
+        t = self.result_type
+        out = decimals.to_scale(values, valid, t.scale)
+        ok = decimals.fits(out, valid, t.precision)
+        if not ok.all():
+            raise AggregateOverflow(repr(self).split(" AS ")[0],
+                                    f"DECIMAL({t.precision}, {t.scale})", np.flatnonzero(~ok))
+        return out
+
     def result(self, acc, n):
-        return nullable_result(acc.scalars[self.field("sum")], acc.scalars[self.field("n")] > 0,
-                               self.result_type)
+        valid = acc.scalars[self.field("n")] > 0
+        s = acc.scalars[self.field("sum")]
+        if decimals.is_decimal(self.input_type):
+            return self._checked(s, valid)
+        return nullable_result(s, valid, self.result_type)
 
 
 class Avg(Sum):
@@ -230,11 +309,25 @@ class Avg(Sum):
 
     function = "AVG"
 
+    @property
+    def result_type(self):
+        t = self.input_type
+        return decimals.avg_type(t) if decimals.is_decimal(t) else super().result_type
+
     def result(self, acc, n):
         s = acc.scalars[self.field("sum")]
         c = acc.scalars[self.field("n")]
         valid = c > 0
         safe = np.where(valid, c, 1)
+        if decimals.is_decimal(self.input_type):
+            # the quotient truncated far past the result scale, then rounded
+            # half up to it: the same value as one half-up division
+            with decimal.localcontext() as ctx:
+                ctx.prec = decimals.MAX_PRECISION * 4
+                ctx.rounding = decimal.ROUND_DOWN
+                q = np.array([decimal.Decimal(x) / int(d) if ok else _ZERO
+                              for x, d, ok in zip(s, safe, valid)], dtype=object)
+            return self._checked(q, valid)
         if _is_integer(self.input_type):
             q = np.abs(s) // safe * np.sign(s)       # truncation toward zero, like Java
         else:
@@ -419,10 +512,11 @@ def make_accumulator(function: str, output: str, column: Optional[str],
     if column not in input_schema.names:
         raise ValueError(f"{function}({column}): no column {column!r} in {input_schema.names}")
     t = input_schema.field(column).type
-    if name in ("sum", "avg") and not (pa.types.is_integer(t) or pa.types.is_floating(t)):
+    if name in ("sum", "avg") and not (pa.types.is_integer(t) or pa.types.is_floating(t)
+                                       or decimals.is_decimal(t)):
         raise TypeError(f"{function}({column}): {column} is {t}, a number is needed")
     return FUNCTIONS[name](output, column, t)
 
 
-__all__ = ["Accumulator", "AccState", "Contributions", "CountStar", "Count", "CountDistinct",
+__all__ = ["Accumulator", "AccState", "AggregateOverflow", "Contributions", "CountStar", "Count", "CountDistinct",
            "Sum", "Avg", "Min", "Max", "FirstValue", "LastValue", "make_accumulator", "GROUP"]

@@ -41,7 +41,8 @@ from ...model.rowkind import IS_ADD
 from ..base import KeyedOperator, OpContext
 from ..kernels import clamped_count, concat_frames, key_codes, rows_equal, run_ends, run_starts
 from ..keys import lookup_unique
-from .accumulators import GROUP, Accumulator, AccState, Contributions, make_accumulator
+from .accumulators import (GROUP, Accumulator, AccState, AggregateOverflow, Contributions,
+                           make_accumulator)
 
 SLOT_COL = "_slot"
 ROWS_COL = "_rows"
@@ -160,7 +161,10 @@ class GroupAggregate(KeyedOperator):
     def _results(self, groups: pd.DataFrame, accs: list[AccState], n: int) -> pd.DataFrame:
         out = groups.reset_index(drop=True).copy()
         for a, acc in zip(self.accumulators, accs):
-            out[a.output] = a.result(acc, n)
+            try:
+                out[a.output] = a.result(acc, n)
+            except AggregateOverflow as e:
+                raise e.naming(groups, self.key) from None
         return out
 
     # -- one key group, one micro-batch --------------------------------------
@@ -205,7 +209,10 @@ class GroupAggregate(KeyedOperator):
                 if entries is not None and len(entries):
                     entries = entries[~reset[entries[GROUP].to_numpy(np.int64)]]
                 start = AccState(scalars, entries)
-            new_accs.append(a.update(start, batch))
+            try:
+                new_accs.append(a.update(start, batch))
+            except AggregateOverflow as e:
+                raise e.naming(groups, self.key) from None
 
         final = count[run_ends(g)]
         had, has = prior_rows > 0, final > 0

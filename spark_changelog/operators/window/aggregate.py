@@ -48,9 +48,9 @@ import pandas as pd
 import pyarrow as pa
 
 from ...model import KIND_COL, SEQ_COL, RowKind
-from ..aggregate.accumulators import Contributions, make_accumulator
+from ..aggregate.accumulators import AggregateOverflow, Contributions, make_accumulator
 from ..base import KeyedOperator, OpContext
-from ..kernels import key_codes, rows_equal
+from ..kernels import key_codes, rows_equal, stable_order
 from ..keys import GLOBAL_KEY, key_index
 
 WINDOW_START = "window_start"
@@ -302,10 +302,12 @@ class WindowAggregate(KeyedOperator):
                              np.arange(len(multiset), dtype=np.int64),
                              multiset.reset_index(drop=True), n)
         for acc in self.accumulators:
-            res[acc.output] = acc.result(acc.update(acc.empty(n), rows), n)
+            try:
+                res[acc.output] = acc.result(acc.update(acc.empty(n), rows), n)
+            except AggregateOverflow as e:
+                raise e.naming(res, key) from None
         res[KIND_COL] = np.int8(kind.value)
-        order = np.lexsort(tuple(res[c].to_numpy() for c in reversed(
-            [WINDOW_END, WINDOW_START] + list(self.group_keys))))
+        order = stable_order(res, [WINDOW_END, WINDOW_START] + list(self.group_keys))
         return res.take(order).reset_index(drop=True)
 
     def _refire(self, before: pd.DataFrame, after: pd.DataFrame) -> pd.DataFrame:

@@ -1,0 +1,109 @@
+"""Values as text for people: Flink's ``print`` format and exact JSON lines
+(docs/sinks.md, "Values as text").
+
+A DECIMAL is always written with its digits and its type's scale (``1.10``,
+``12345678901234567890.1234567890``), never through a float; an integer
+column that holds nulls stays an integer (pandas would make it ``3.0``).
+"""
+from __future__ import annotations
+
+import datetime
+import decimal
+import json
+import math
+
+import numpy as np
+import pandas as pd
+
+from ..model.decimals import plain
+
+
+def _java_double(v: float) -> str:
+    """Java's ``Double.toString``: ``1.5``, ``100.0``, ``1.0E7``, ``1.0E-4``,
+    ``NaN``, ``Infinity`` (the shortest digits that give ``v`` back, as
+    Python's ``repr``)."""
+    if math.isnan(v):
+        return "NaN"
+    if math.isinf(v):
+        return "Infinity" if v > 0 else "-Infinity"
+    if v == 0 or 1e-3 <= abs(v) < 1e7:
+        r = repr(v)
+        return r if "." in r else r + ".0"
+    sign, digits, exp = decimal.Decimal(repr(v)).as_tuple()
+    text = "".join(map(str, digits)).rstrip("0") or "0"
+    mantissa = text[0] + "." + (text[1:] or "0")
+    return ("-" if sign else "") + f"{mantissa}E{exp + len(digits) - 1}"
+
+
+def flink_text(v) -> str:
+    """One value as Flink's ``print`` connector writes it: ``null``,
+    ``true``, integers as integers (never ``3.0``), DECIMAL with its scale
+    (``1.10``), DOUBLE as Java prints it, timestamps ``2021-01-15T10:00:00``."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, decimal.Decimal):
+        return plain(v)
+    if isinstance(v, float):
+        return _java_double(v)
+    if isinstance(v, datetime.datetime):
+        if v.tzinfo is not None:
+            v = v.astimezone(datetime.timezone.utc).replace(tzinfo=None)
+        return v.isoformat()
+    if isinstance(v, (datetime.date, datetime.time)):
+        return v.isoformat()
+    if isinstance(v, bytes):
+        return "x'" + v.hex() + "'"
+    if isinstance(v, list):
+        if v and isinstance(v[0], tuple):     # a MAP comes as (key, value) pairs
+            return "{" + ", ".join(f"{flink_text(k)}={flink_text(x)}" for k, x in v) + "}"
+        return "[" + ", ".join(flink_text(x) for x in v) + "]"
+    if isinstance(v, dict):                   # a ROW
+        return "(" + ", ".join(flink_text(x) for x in v.values()) + ")"
+    return str(v)
+
+
+def json_value(v) -> str:
+    """One value as a JSON value: a DECIMAL as a JSON number with exactly
+    its digits (JSON numbers have no precision limit; a float would round
+    ``DECIMAL(38, 10)``), timestamps as ISO strings, bytes as hex strings."""
+    if v is None or v is pd.NaT or v is pd.NA:
+        return "null"
+    if isinstance(v, np.generic):
+        v = v.item()
+    if isinstance(v, float) and math.isnan(v):
+        return "null"
+    if isinstance(v, decimal.Decimal):
+        return plain(v)
+    if isinstance(v, (pd.Timestamp, datetime.datetime, datetime.date, datetime.time)):
+        return json.dumps(v.isoformat())
+    if isinstance(v, bytes):
+        return json.dumps(v.hex())
+    if isinstance(v, dict):
+        return "{" + ",".join(f"{json.dumps(str(k))}:{json_value(x)}" for k, x in v.items()) + "}"
+    if isinstance(v, (list, tuple, np.ndarray)):
+        return "[" + ",".join(json_value(x) for x in v) + "]"
+    return json.dumps(v)
+
+
+def json_lines(df: pd.DataFrame):
+    """Each row of ``df`` as one JSON object (``cat --format json``)."""
+    names = [json.dumps(str(c)) for c in df.columns]
+    for row in df.itertuples(index=False):
+        yield "{" + ",".join(f"{n}:{json_value(v)}" for n, v in zip(names, row)) + "}"
+
+
+def csv_ready(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with its DECIMAL columns as plain digit strings, for
+    ``to_csv`` (``str`` of a Decimal may use an exponent: ``1E-10``)."""
+    out = df
+    for c in df.columns:
+        col = df[c]
+        if col.dtype == object and any(isinstance(v, decimal.Decimal) for v in col):
+            out = out.copy() if out is df else out
+            out[c] = [plain(v) if isinstance(v, decimal.Decimal) else v for v in col]
+    return out
+
+
+__all__ = ["flink_text", "json_value", "json_lines", "csv_ready"]
