@@ -683,7 +683,9 @@ def _join_columns(on, left_on, right_on) -> tuple[tuple, tuple]:
 def read_changes(spark, path, format: str = "debezium-json", schema=None, primary_key=None,
                  streaming: bool = False, ordered: bool = False, *, name: Optional[str] = None,
                  mode: Union[ChangelogMode, str, None] = None, **kw) -> ChangelogStream:
-    """Read CDC files (``debezium-json``, ``canal-json``, ``maxwell-json``, ``changelog``).
+    """Read CDC files (``debezium-json``, ``canal-json``, ``maxwell-json``, ``changelog``;
+    ``format="changelog"`` with ``kind_column=None``: plain rows, every one an
+    insert, an insert-only stream).
 
     ``ordered=True`` declares that a streaming read brings each key's changes in
     source-sequence order (files arrive in log order), so the planner puts no

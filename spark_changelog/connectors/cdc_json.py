@@ -178,7 +178,7 @@ FORMATS = {
     "maxwell-json": "maxwell",
     "changelog": "changelog_files",
 }
-CHANGELOG_FILE_FORMATS = ("json", "csv", "parquet")
+CHANGELOG_FILE_FORMATS = ("json", "csv", "parquet", "avro")
 
 SKIP_TOMBSTONE = "tombstone"
 #: side rows (the pipeline's side-row channel, ``runtime.spark_keyed``): kind,
@@ -320,7 +320,7 @@ class ReadContext:
     strict: bool
     max_files_per_trigger: Optional[int]
     changelog_file_format: str
-    kind_column: str
+    kind_column: Optional[str]          # None: plain rows, every one an insert
     seq_column: Optional[str]
     csv_options: Mapping[str, str]
     #: packs the finished rows of the line task per key group (a runtime's
@@ -342,7 +342,7 @@ def read_changes(
     strict: bool = False,
     max_files_per_trigger: Optional[int] = None,
     changelog_file_format: str = "json",
-    kind_column: str = "op",
+    kind_column: Optional[str] = "op",
     seq_column: Optional[str] = None,
     csv_options: Optional[Mapping[str, str]] = None,
 ) -> ReadResult:
@@ -350,7 +350,8 @@ def read_changes(
 
     ``format``: ``debezium-json``, ``canal-json``, ``maxwell-json`` or ``changelog``
     (files with an explicit kind column, ``changelog_file_format`` = ``json``,
-    ``csv`` with a header line, or ``parquet``).  ``schema``: the user columns
+    ``csv`` with a header line, ``parquet`` or ``avro``; ``kind_column=None``:
+    plain rows, every one an insert, an insert-only stream).  ``schema``: the user columns
     (StructType or DDL string); required except for changelog Parquet files, whose
     schema is taken from the files.  ``primary_key``: columns that must be present
     in every image; a Debezium/Canal/Maxwell update that changes them becomes
@@ -413,7 +414,29 @@ def _plain_type(dtype: T.DataType) -> T.DataType:
     return dtype
 
 
-def _check_columns(schema: T.StructType, key: tuple[str, ...], fmt: str, kind_column: str,
+def avro_available(spark: SparkSession) -> bool:
+    """Whether Spark finds its ``avro`` data source (the classes ship with
+    Spark, the data source is registered by the package)."""
+    try:
+        spark._jvm.org.apache.spark.sql.execution.datasources.DataSource.lookupDataSource(
+            "avro", spark._jsparkSession.sessionState().conf())
+    except Exception:
+        return False
+    return True
+
+
+def require_avro(spark: SparkSession) -> None:
+    """Spark's Avro data source is a separate package: a clear error naming
+    it (and how to add it) when it is not on the classpath."""
+    if not avro_available(spark):
+        version = spark.version
+        raise ValueError(
+            "'format' = 'avro' needs Spark's Avro data source, which is not on the classpath: add "
+            f"the package org.apache.spark:spark-avro_2.13:{version} (spark-submit --packages, or "
+            "the Spark conf spark.jars.packages, before the session starts)") from None
+
+
+def _check_columns(schema: T.StructType, key: tuple[str, ...], fmt: str, kind_column: Optional[str],
                    seq_column: Optional[str]) -> None:
     names = schema.fieldNames()
     if not names:
@@ -435,7 +458,7 @@ def _check_columns(schema: T.StructType, key: tuple[str, ...], fmt: str, kind_co
             raise ValueError("kind_column and seq_column must differ")
 
 
-def _parquet_user_schema(spark: SparkSession, path, kind_column: str, seq_column: Optional[str]) -> T.StructType:
+def _parquet_user_schema(spark: SparkSession, path, kind_column: Optional[str], seq_column: Optional[str]) -> T.StructType:
     files = spark.read.parquet(*([path] if isinstance(path, str) else list(path)))
     drop = {kind_column, seq_column}
     return T.StructType([f for f in files.schema.fields if f.name not in drop])
@@ -880,8 +903,11 @@ def finish(parsed: DataFrame, ctx: ReadContext) -> ReadResult:
         f"inline(CASE WHEN _skip_category IS NOT NULL THEN array({skip}) "
         f"WHEN {bad} THEN array({dead}) ELSE _changes END)", *packed_columns(parsed))
     key = ctx.primary_key
+    # plain rows (a changelog file format without a kind column) are inserts
+    plain = ctx.format == "changelog" and ctx.kind_column is None
     stream_schema = StreamSchema(columns=tuple(ctx.columns), primary_key=key,
-                                 upsert_key=key if key else None, mode=ChangelogMode.RETRACT)
+                                 upsert_key=key if key else None,
+                                 mode=ChangelogMode.INSERT_ONLY if plain else ChangelogMode.RETRACT)
     return ReadResult(rows=rows, stream_schema=stream_schema, format=ctx.format, streaming=ctx.streaming,
                       fail_on_invalid=ctx.streaming and ctx.strict)
 

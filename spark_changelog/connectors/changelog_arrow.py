@@ -38,12 +38,14 @@ class ChangelogArrowParser(FinishingParser):
     type) pairs.  The same fields as the Debezium parser's (a finished line
     is one row here)."""
 
-    def __init__(self, columns: Sequence[tuple[str, str]], primary_key: Sequence[str], kind_column: str,
-                 seq_column: Optional[str]):
+    def __init__(self, columns: Sequence[tuple[str, str]], primary_key: Sequence[str],
+                 kind_column: Optional[str], seq_column: Optional[str]):
         super().__init__(columns)
         self.primary_key = tuple(primary_key)
         self.kind_column, self.seq_column = kind_column, seq_column
-        fields = [(n, ARROW_TYPES[t]) for n, t in self.columns] + [(kind_column, pa.string())]
+        fields = [(n, ARROW_TYPES[t]) for n, t in self.columns]
+        if kind_column is not None:     # None: plain rows, every one an insert
+            fields.append((kind_column, pa.string()))
         if seq_column is not None:
             fields.append((seq_column, pa.int64()))
         self.json_schema = pa.schema(fields)
@@ -60,12 +62,16 @@ class ChangelogArrowParser(FinishingParser):
         take = pa.array(rows, mask=~parsed)
         top = {name: _flat(table.column(name)).take(take) for name in table.column_names}
         image = pa.StructArray.from_arrays([top[c] for c, _ in self.columns], [c for c, _ in self.columns])
-        kind_text = top[self.kind_column]
-        ascii_text = _true(pc.string_is_ascii(kind_text))
-        # Spark's trim() removes spaces only; upper() of ASCII is ASCII's
-        spelled = pc.index_in(pc.utf8_upper(pc.utf8_trim(kind_text, " ")), value_set=_NAMES)
-        known = _valid(spelled) & ascii_text
-        kind = np.where(known, _CODES[_ints(spelled)], 0).astype(np.int8)
+        if self.kind_column is None:
+            known = np.ones(n, dtype=bool)
+            kind = np.full(n, int(RowKind.INSERT), dtype=np.int8)
+        else:
+            kind_text = top[self.kind_column]
+            ascii_text = _true(pc.string_is_ascii(kind_text))
+            # Spark's trim() removes spaces only; upper() of ASCII is ASCII's
+            spelled = pc.index_in(pc.utf8_upper(pc.utf8_trim(kind_text, " ")), value_set=_NAMES)
+            known = _valid(spelled) & ascii_text
+            kind = np.where(known, _CODES[_ints(spelled)], 0).astype(np.int8)
         key_present = np.ones(n, dtype=bool)
         for k in self.primary_key:
             key_present &= _valid(top[k])

@@ -5,7 +5,9 @@ Each record is one changelog row: the user columns, a kind column
 (``kind_column``, default ``op``) holding ``+I``/``-U``/``+U``/``-D``, Flink's
 names ``INSERT``/``UPDATE_BEFORE``/``UPDATE_AFTER``/``DELETE`` or the byte codes
 ``0``-``3`` (case and surrounding blanks ignored), and optionally a sequence
-column (``seq_column``, bigint).
+column (``seq_column``, bigint).  With ``kind_column=None`` the files are plain
+rows, as Flink's ``json``/``csv``/``parquet``/``avro`` formats read them: every
+record is an insert and the stream is insert-only (docs/sql.md, "Connectors").
 
 ``changelog_file_format``:
 
@@ -21,6 +23,8 @@ column (``seq_column``, bigint).
 ``parquet``  typed columns (the kind column must be a string); ``line`` is the
              1-based row number in the file.  With ``schema=None`` the user
              columns are the file's columns minus the kind/sequence columns.
+``avro``     as ``parquet``, through Spark's ``avro`` data source (the
+             ``org.apache.spark:spark-avro`` package must be on the classpath).
 
 ``_seq``: the sequence column as is when given (NULL or unreadable -> invalid);
 otherwise file number | line (module docstring of ``cdc_json``), times two plus
@@ -42,6 +46,10 @@ def read_changelog(spark, path, schema, primary_key=None, **kw) -> C.ReadResult:
     return C.read_with("changelog_files", spark, path, schema, primary_key, **kw)
 
 
+#: ``_kind_text`` of a plain row (no kind column): an insert
+PLAIN_ROW_KIND = lit("+I")
+
+
 def kind_code(text: Sql) -> Sql:
     """The RowKind code of a kind string, NULL if unknown."""
     branches = " ".join(f"WHEN {lit(name)} THEN {code}" for name, code in KIND_NAMES.items())
@@ -53,7 +61,7 @@ def parse(ctx: C.ReadContext) -> DataFrame:
         return _parse_json(ctx)
     if ctx.changelog_file_format == "csv":
         return _parse_csv(ctx)
-    return _parse_parquet(ctx)
+    return _parse_typed(ctx)
 
 
 def _finish_rows(df: DataFrame, ctx: C.ReadContext, tombstone_reason: str = C.TOMBSTONE_REASON,
@@ -133,7 +141,8 @@ def _parse_json(ctx: C.ReadContext) -> DataFrame:
         _not_object=not_object,
         _record_ok=f"(NOT {malformed} AND NOT {not_object})",
         _typed=C.typed_struct("_raw", schema),
-        _kind_text=C.get_as("_v", C.json_path(ctx.kind_column), "string"),
+        _kind_text=(C.get_as("_v", C.json_path(ctx.kind_column), "string")
+                    if ctx.kind_column is not None else PLAIN_ROW_KIND),
         **_json_seq(ctx),
     )
     record_errors = C.concat_messages(
@@ -154,7 +163,7 @@ def _json_seq(ctx: C.ReadContext) -> dict[str, Sql]:
 
 def _parse_csv(ctx: C.ReadContext) -> DataFrame:
     schema, key = ctx.schema, ctx.primary_key
-    wanted = [*ctx.columns, ctx.kind_column, *([ctx.seq_column] if ctx.seq_column else [])]
+    wanted = [*ctx.columns, *[c for c in (ctx.kind_column, ctx.seq_column) if c]]
     width = max(2 * len(wanted), len(wanted) + 16)
     fields = ", ".join(f"c{i} STRING" for i in range(width))
     options = ", ".join(f"{lit(k)}, {lit(str(v))}" for k, v in ctx.csv_options.items())
@@ -182,7 +191,7 @@ def _parse_csv(ctx: C.ReadContext) -> DataFrame:
         _tombstone=C.is_blank("raw"),
         _record_ok=f"NOT {C.is_blank('raw')}",
         _typed=C.typed_struct("_raw", schema, strings=True),
-        _kind_text=get(ctx.kind_column),
+        _kind_text=get(ctx.kind_column) if ctx.kind_column is not None else PLAIN_ROW_KIND,
         **seq,
     )
     record_errors = C.gate("_record_ok", C.image_errors("_raw", "_typed", schema, key, lit("record"), strings=True))
@@ -190,30 +199,43 @@ def _parse_csv(ctx: C.ReadContext) -> DataFrame:
     return _finish_rows(df, ctx, tombstone_reason="empty line")
 
 
-def _parse_parquet(ctx: C.ReadContext) -> DataFrame:
+def _row_number(fmt: str) -> Sql:
+    """The 1-based row number: Parquet's row index in its file; Spark's Avro
+    source has none, so the record number within the reading task (the low
+    33 bits of ``monotonically_increasing_id``), which follows file order."""
+    if fmt == "parquet":
+        return "CAST(_metadata.row_index + 1 AS BIGINT)"
+    return "(monotonically_increasing_id() & 8589934591) + 1"
+
+
+def _parse_typed(ctx: C.ReadContext) -> DataFrame:
+    """Parquet and Avro files: typed columns read by Spark's data source."""
     schema, key = ctx.schema, ctx.primary_key
     file_schema = T.StructType(
         list(schema.fields)
-        + [T.StructField(ctx.kind_column, T.StringType())]
+        + ([T.StructField(ctx.kind_column, T.StringType())] if ctx.kind_column else [])
         + ([T.StructField(ctx.seq_column, T.LongType())] if ctx.seq_column else []))
+    fmt = ctx.changelog_file_format
+    if fmt == "avro":
+        C.require_avro(ctx.spark)
     if ctx.streaming:
         reader = ctx.spark.readStream.schema(file_schema)
         if ctx.max_files_per_trigger is not None:
             reader = reader.option("maxFilesPerTrigger", ctx.max_files_per_trigger)
-        rows = reader.parquet(ctx.path)
+        rows = reader.format(fmt).load(ctx.path)
     else:
         paths = [ctx.path] if isinstance(ctx.path, str) else list(ctx.path)
-        rows = ctx.spark.read.schema(file_schema).parquet(*paths)
+        rows = ctx.spark.read.schema(file_schema).format(fmt).load(paths)
     data = ", ".join(ident(f.name) for f in file_schema.fields)
     typed = "named_struct(" + ", ".join(f"{lit(c)}, {ident(c)}" for c in ctx.columns) + ")"
     seq_col = ctx.seq_column
     df = rows.selectExpr(
         "_metadata.file_path AS file",
         f"{C.file_number('_metadata.file_path')} AS file_no",
-        "CAST(_metadata.row_index + 1 AS BIGINT) AS line",
+        f"{_row_number(fmt)} AS line",
         f"to_json(struct({data})) AS raw",
         f"{typed} AS _typed",
-        f"{ident(ctx.kind_column)} AS _kind_text",
+        f"{ident(ctx.kind_column) if ctx.kind_column else PLAIN_ROW_KIND} AS _kind_text",
         "true AS _record_ok",
         "false AS _tombstone",
         f"{ident(seq_col) if seq_col else 'CAST(NULL AS BIGINT)'} AS _seq_value",

@@ -80,6 +80,25 @@ class Context:
             for lg, b in zip(loggers, before):
                 lg.disabled = b
 
+    def call_arguments(self, fn: exp.Anonymous, name: str, params: Sequence[str],
+                       pos: Position) -> dict:
+        """A table function's arguments by parameter name (upper case),
+        positional or named (``size => INTERVAL ...``)."""
+        args: dict = {}
+        for i, a in enumerate(fn.expressions):
+            if isinstance(a, exp.Kwarg):
+                key = a.this.name.upper()
+                if key not in params:
+                    raise self.error(f"{name} has no parameter {key} (parameters: "
+                                     f"{', '.join(params)})", node_position(a, pos))
+                args[key] = a.expression
+            elif i < len(params):
+                args[params[i]] = a
+            else:
+                raise self.error(f"{name} takes at most {len(params)} arguments "
+                                 f"({', '.join(params)})", node_position(a, pos))
+        return args
+
     # -- relations -------------------------------------------------------------
     def settled(self, rel: Relation) -> Relation:
         """``rel``, which must not wait for an enclosing query any more."""

@@ -58,6 +58,8 @@ class Descriptor(exp.Expression):
 
 #: Flink 2.3 window table functions (``FROM TABLE(TUMBLE(...))``)
 WINDOW_TVFS = ("TUMBLE", "HOP", "CUMULATE", "SESSION")
+#: Flink 2.3's built-in process table functions read here (docs/sql.md, "Connectors")
+FROM_CHANGELOG = "FROM_CHANGELOG"
 #: the words ``EXPLAIN`` accepts before its statement
 EXPLAIN_DETAILS = ("CHANGELOG_MODE", "ESTIMATED_COST", "JSON_EXECUTION_PLAN", "PLAN_ADVICE")
 CONFLICT_ACTIONS = ("DEDUPLICATE", "ERROR", "NOTHING")
@@ -80,7 +82,8 @@ class FlinkParser(SparkParser):
 
     FUNCTION_PARSERS = {
         **SparkParser.FUNCTION_PARSERS,
-        **{name: (lambda self, _n=name: self._parse_window_tvf(_n)) for name in WINDOW_TVFS},
+        **{name: (lambda self, _n=name: self._parse_window_tvf(_n))
+           for name in (*WINDOW_TVFS, FROM_CHANGELOG)},
         "DESCRIPTOR": lambda self: self.expression(
             Descriptor(expressions=self._parse_csv(self._parse_id_var))),
     }
@@ -194,4 +197,4 @@ class Flink(Spark):
 
 
 __all__ = ["Flink", "FlinkParser", "StatementSetBegin", "Explain", "TableArgument", "Descriptor",
-           "WINDOW_TVFS", "CONFLICT_ACTIONS"]
+           "WINDOW_TVFS", "FROM_CHANGELOG", "CONFLICT_ACTIONS"]

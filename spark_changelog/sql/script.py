@@ -44,6 +44,7 @@ FILESYSTEM_FORMATS = {
     "json": ("changelog", "json"),
     "csv": ("changelog", "csv"),
     "parquet": ("changelog", "parquet"),
+    "avro": ("changelog", "avro"),
 }
 CONNECTORS = ("filesystem", "delta", "jdbc", "postgres", "print", "blackhole")
 #: the WITH options each connector takes besides 'connector' (and 'path'/'format')

@@ -1,27 +1,53 @@
 """A ``CREATE TABLE`` with a ``filesystem`` connector read as a source
-(docs/sql.md, "Connectors (`WITH` options)"): the CDC or changelog-file
-reader with the table's schema and primary key, then its computed columns (``PROCTIME()`` is
+(docs/sql.md, "Connectors (`WITH` options)"): the CDC reader, the
+changelog-file reader or plain rows (:func:`operation_column`), with the
+table's schema and primary key, then its computed columns (``PROCTIME()`` is
 ``current_timestamp()``, marked non-deterministic), then its watermark
 (``bound = delay - 1 ms``, :mod:`.script`).
 """
 from __future__ import annotations
 
+import dataclasses
+from typing import Optional
+
 from ..api import read_changes
 from .context import Context
 from .errors import UnsupportedFeature
 from .relation import Field, Relation
-from .script import Position, TableDef, node_position
+from .script import Connector, Position, TableDef, node_position
 
 
-def read_source(ctx: Context, t: TableDef, pos: Position) -> Relation:
+def operation_column(c: Connector) -> Optional[str]:
+    """The column holding each row's operation (``+I``, ``-U``, ...) of a
+    ``json``/``csv``/``parquet``/``avro`` table, or None: plain rows, every
+    one an insert, as Flink reads these formats.  A table is a changelog when
+    it names the column (``'changelog.kind-column'``), or names a sequence
+    column or a ``'changelog.mode'`` with updates (then the column is ``op``)."""
+    named = c.option("changelog.kind-column")
+    if named is not None:
+        return named
+    mode = c.option("changelog.mode", "insert-only").lower()
+    if c.option("changelog.seq-column") is not None or mode != "insert-only":
+        return "op"
+    return None
+
+
+def read_source(ctx: Context, t: TableDef, pos: Position,
+                operation: Optional[str] = None) -> Relation:
+    """The table's relation; ``operation``: read the plain-file table as a
+    changelog whose operation is that column (``FROM_CHANGELOG``, which
+    removes it from the columns)."""
     c = t.connector
     if c.kind != "filesystem":
         raise ctx.error(f"table {t.name} (connector {c.kind!r}) cannot be read: "
                         "sources are 'filesystem' tables", pos, UnsupportedFeature)
+    if operation is not None:
+        t = dataclasses.replace(t, columns=tuple(col for col in t.columns
+                                                 if col.name != operation))
     kw = {}
     if c.reader_format == "changelog":
         kw.update(changelog_file_format=c.changelog_file_format,
-                  kind_column=c.option("changelog.kind-column", "op"),
+                  kind_column=operation or operation_column(c),
                   seq_column=c.option("changelog.seq-column"))
         csv = {k.split(".", 1)[1]: v for k, v in c.options if k.startswith("csv.")}
         names = {"field-delimiter": "sep", "quote-character": "quote",

@@ -15,7 +15,8 @@ translation's services (:mod:`.context`), and none imports this one:
 * ``GROUP BY``, ``HAVING``, ``SELECT DISTINCT``: :mod:`.group_by`;
 * ``ROW_NUMBER() OVER`` filtered on the row number (deduplication, Top-N):
   :mod:`.row_number`; ``FROM TABLE(TUMBLE(...))``: :mod:`.window_tvf`.  Both
-  leave a *pending* relation that the enclosing query completes.
+  leave a *pending* relation that the enclosing query completes;
+* ``FROM FROM_CHANGELOG(input => TABLE t)``: :mod:`.from_changelog`.
 
 Features without an operator or plan node (``UNION``, ``ORDER BY``/``LIMIT``,
 ``OVER`` aggregation, ...) raise :class:`UnsupportedFeature` with their line
@@ -27,9 +28,9 @@ from typing import Optional
 
 from sqlglot import exp
 
-from . import group_by, projection, row_number, window_tvf
+from . import from_changelog, group_by, projection, row_number, window_tvf
 from .context import Context
-from .dialect import WINDOW_TVFS
+from .dialect import FROM_CHANGELOG, WINDOW_TVFS
 from .errors import UnsupportedFeature
 from .insert import PlannedInsert, plan_insert
 from .join import join
@@ -52,7 +53,7 @@ class Translator:
                            key_groups=key_groups, max_files_per_trigger=max_files_per_trigger)
         self.tables: dict[str, TableDef] = {}
         self.views: dict[str, ViewDef] = {}
-        self._sources: dict[str, Relation] = {}
+        self._sources: dict[tuple, Relation] = {}
 
     @property
     def settings(self) -> Settings:
@@ -183,6 +184,8 @@ class Translator:
             name = inner.name.upper() if isinstance(inner, exp.Anonymous) else fn.name.upper()
             if name in WINDOW_TVFS and inner is not fn:
                 return window_tvf.relation(ctx, inner, alias, pos, self.relation)
+            if name == FROM_CHANGELOG:
+                return from_changelog.relation(ctx, inner, alias, pos, self.tables, self.source)
             if name in WINDOW_TVFS:
                 raise ctx.unsupported(f"write a window table function as TABLE({name}(...))",
                                       node, pos)
@@ -201,11 +204,13 @@ class Translator:
                             f"{', '.join([*self.tables, *self.views]) or 'none'})", tpos)
         return rel.requalified(alias or name)
 
-    def source(self, t: TableDef, pos: Position) -> Relation:
-        """A source table's relation, read once per script."""
-        if t.name not in self._sources:
-            self._sources[t.name] = read_source(self.ctx, t, pos)
-        return self._sources[t.name]
+    def source(self, t: TableDef, pos: Position, operation: Optional[str] = None) -> Relation:
+        """A source table's relation, read once per script (and once more
+        as a changelog per ``FROM_CHANGELOG`` operation column)."""
+        key = (t.name, operation)
+        if key not in self._sources:
+            self._sources[key] = read_source(self.ctx, t, pos, operation)
+        return self._sources[key]
 
 
 __all__ = ["Translator"]

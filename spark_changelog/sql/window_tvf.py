@@ -67,19 +67,7 @@ def relation(ctx: Context, fn: exp.Anonymous, alias: str, pos: Position,
     name = fn.name.upper()
     fpos = node_position(fn, pos)
     params = PARAMETERS[name]
-    args: dict = {}
-    for i, a in enumerate(fn.expressions):
-        if isinstance(a, exp.Kwarg):
-            key = a.this.name.upper()
-            if key not in params:
-                raise ctx.error(f"{name} has no parameter {key} (parameters: "
-                                      f"{', '.join(params)})", node_position(a, pos))
-            args[key] = a.expression
-        elif i < len(params):
-            args[params[i]] = a
-        else:
-            raise ctx.error(f"{name} takes at most {len(params)} arguments "
-                                  f"({', '.join(params)})", node_position(a, pos))
+    args = ctx.call_arguments(fn, name, params, pos)
     missing = [p for p in params if p != "OFFSET" and p not in args]
     if missing:
         raise ctx.error(f"{name}(...) lacks {', '.join(missing)} ({name}("
