@@ -1,12 +1,17 @@
 """Command line: ``spark-changelog run|explain|normalize|cat|demo``.
 
-Exit codes: 0 done; 1 the job failed on its input or a sink (message names
-row, file or key); 2 usage or SQL error (message names line and column);
-3 a SQL feature that is not supported (yet)."""
+Exit codes (docs/errors.md): 0 done; 1 the job failed on its input, a sink,
+a path or the disk (the message names row, file, table or path); 2 usage or
+SQL error (the message names line and column); 3 a SQL feature that is not
+supported (yet); 4 the checkpoint belongs to another query than the script's;
+130 stopped by Ctrl-C.  Every failure is one message on stderr; its
+traceback goes to the log file, or to the terminal with ``--verbose``."""
 from __future__ import annotations
 
 import argparse
 import sys
+
+from .model.errors import PathError, UsageError
 
 
 def _session(args):
@@ -17,9 +22,14 @@ def _session(args):
 
 def cmd_normalize(args) -> int:
     from .api import read_changes
+    from .runtime.paths import input_problem
     if args.streaming and not args.checkpoint:
-        print("error: --streaming needs --checkpoint DIR", file=sys.stderr)
-        return 2
+        raise UsageError("--streaming needs --checkpoint DIR")
+    problem = input_problem(args.input)
+    if problem:
+        raise PathError(f"input path {problem}", todo="give the directory of the change files")
+    _check_outputs(output=args.output, checkpoint=args.checkpoint, dead_letter=args.dead_letter,
+                   changelog=args.changelog)
     spark = _session(args)
     kw = {}
     if args.format == "changelog":
@@ -53,20 +63,34 @@ def cmd_normalize(args) -> int:
     return 0
 
 
+def _check_outputs(**dirs) -> None:
+    """Every output directory given on the command line can be written (before
+    Spark starts)."""
+    from .runtime.paths import output_problem
+    for option, path in dirs.items():
+        problem = output_problem(path) if path else None
+        if problem:
+            name = option if option == "output" else "--" + option.replace("_", "-")
+            raise PathError(f"{name}: {problem}", todo="give a directory that can be written")
+
+
 def _script(args):
+    from .sql.preflight import check_paths
     from .sql.script import read_script
     try:
-        return read_script(args.script)
+        script = read_script(args.script)
     except OSError as e:
-        raise FileNotFoundError(f"cannot read {args.script}: {e.strerror}") from None
+        raise PathError(f"cannot read {args.script}: {e.strerror}",
+                        todo="give the path of a .sql file") from None
+    check_paths(script)
+    return script
 
 
 def cmd_run(args) -> int:
-    from .sql.runner import run_script
+    from .sql.runner import print_summary, run_script
     if args.batch and args.checkpoint:
-        print("error: --batch and --checkpoint exclude each other (a batch job has no "
-              "checkpoint)", file=sys.stderr)
-        return 2
+        raise UsageError("--batch and --checkpoint exclude each other (a batch job has no "
+                         "checkpoint)")
     script = _script(args)
     batch = args.batch
     if not batch and not args.checkpoint:
@@ -74,18 +98,15 @@ def cmd_run(args) -> int:
         if mode == "batch":
             batch = True
         else:
-            print("error: give --batch (one batch job) or --checkpoint DIR (a resumable "
-                  "streaming query)", file=sys.stderr)
-            return 2
+            raise UsageError("give --batch (one batch job) or --checkpoint DIR (a resumable "
+                             "streaming query)")
+    _check_outputs(checkpoint=args.checkpoint, dead_letter=args.dead_letter,
+                   late_output=args.late_output)
     spark = _session(args)
-    runs = run_script(spark, script, batch=batch, checkpoint=args.checkpoint,
-                      dead_letter=args.dead_letter, strict=args.strict,
-                      show_progress=not args.no_progress, late_output=args.late_output)
-    for r in runs:
-        print(f"== INSERT INTO {r.planned.table.name} ==", file=sys.stderr)
-        print(r.report.summary(), file=sys.stderr)
-        for w in r.report.warnings:
-            print(f"warning: {w}", file=sys.stderr)
+    run_script(spark, script, batch=batch, checkpoint=args.checkpoint,
+               dead_letter=args.dead_letter, strict=args.strict,
+               show_progress=not args.no_progress, late_output=args.late_output,
+               on_finished=print_summary)
     return 0
 
 
@@ -105,7 +126,12 @@ def cmd_explain(args) -> int:
 
 
 def cmd_cat(args) -> int:
+    from .runtime.paths import delta_table_problem
     from .sinks.delta import read_table
+    problem = delta_table_problem(args.table)
+    if problem:
+        raise PathError(f"cannot print table: {problem}",
+                        todo="give the directory of a table written by spark-changelog")
     df = read_table(args.table)
     from .sinks.text import csv_ready, json_lines
     if args.format == "csv":
@@ -136,6 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="Flink-SQL-grade changelog processing on Apache Spark")
     p.add_argument("--master", help="Spark master URL (default: local[2], or SPARK_CHANGELOG_MASTER)")
     p.add_argument("--conf", action="append", metavar="KEY=VALUE", help="extra Spark config")
+    p.add_argument("--verbose", "-v", action="store_true",
+                   help="on failure, print the traceback here too (it always goes to the log "
+                        "file, $SPARK_CHANGELOG_LOG)")
     sub = p.add_subparsers(dest="command", required=True)
 
     n = sub.add_parser("normalize", help="CDC files -> the final table (keep last per key), or its "
@@ -226,17 +255,9 @@ def main(argv=None) -> int:
         import os
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except Exception as e:  # a clear message, not a JVM stack trace
-        from .connectors.cdc_json import InvalidChangeError
-        from .sql.errors import SqlError, UnsupportedFeature
-        if isinstance(e, SqlError):
-            kind = "not supported" if isinstance(e, UnsupportedFeature) else "error"
-            print(f"{kind}: {e}", file=sys.stderr)
-            return 3 if isinstance(e, UnsupportedFeature) else 2
-        if isinstance(e, (InvalidChangeError, ValueError, FileNotFoundError)):
-            print(f"error: {e}", file=sys.stderr)
-            return 1
-        raise
+    except (Exception, KeyboardInterrupt) as e:   # one message, not a JVM stack trace
+        from .errors import report
+        return report(e, verbose=args.verbose, argv=argv)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,9 @@ import dataclasses
 import json
 import os
 import re
+import signal
+import sys
+import threading
 import time
 import uuid
 from typing import Callable, Optional
@@ -71,6 +74,11 @@ class RunReport:
     event_time: dict = dataclasses.field(default_factory=dict)
     watermark_ms: Optional[int] = None   # the latest event-time watermark an operator saw
     plan: str = ""   # the planner's explain text (ChangelogStream.write_upsert)
+    #: what the sink does with the changes: ``table`` (an upsert table),
+    #: ``print`` or ``blackhole`` (the summary's sink line)
+    sink_kind: str = "table"
+    #: True when Ctrl-C stopped a streaming run at a micro-batch boundary
+    interrupted: bool = False
     #: (operator, instance, key group) -> its state rows after the latest batch that touched it
     _group_state: dict = dataclasses.field(default_factory=dict, repr=False)
 
@@ -120,24 +128,38 @@ class RunReport:
             self.state_rows = sum(per_op.values())
 
     def summary(self) -> str:
+        """What the run did, in the README's words, with only the counters that
+        apply: an operator's counter is shown when that operator is in the
+        plan (it reported it), the sink's line says what that sink does."""
         c = self.counters
+        rows_in = 'not counted (no keyed operator)' if self.rows_in is None else self.rows_in
         lines = [
-            f"changelog rows in: {'not counted (no keyed operator)' if self.rows_in is None else self.rows_in}"
-            f"   changes out: {self.changes_out}   "
+            f"changelog rows in: {rows_in}   changes out: {self.changes_out}   "
             f"batches: {self.batches}" + (f" ({self.replayed_batches} replayed, skipped)"
                                           if self.replayed_batches else ""),
-            f"table: {self.upserted} upserted, {self.deleted} deleted",
-            f"superseded (older than the key's applied change): {c.get('superseded', 0)}   "
-            f"unchanged: {c.get('unchanged', 0)}   deletes of unknown keys: {c.get('retract_no_match', 0)}",
-            f"invalid rows (dead letter): {self.invalid}   tombstones skipped: {self.tombstones_skipped}"
-            + (f"   DDL/control records ignored: {self.ignored_skipped}" if self.ignored_skipped else ""),
-            f"time: {self.seconds:.1f} s" + (f"   ({self.rows_in / self.seconds:,.0f} changelog rows/s)"
-                                             if self.seconds > 0 and self.rows_in else ""),
+            self._sink_line(),
         ]
-        if self.watermark_ms is not None:
+        applies = [(label, c[k]) for k, label in _OPERATOR_COUNTERS if k in c]
+        if applies:
+            lines.append("   ".join(f"{label}: {v}" for label, v in applies))
+        bad = f"invalid rows (dead letter): {self.invalid}"
+        if self.tombstones_skipped:
+            bad += f"   tombstones skipped: {self.tombstones_skipped}"
+        if self.ignored_skipped:
+            bad += f"   DDL/control records ignored: {self.ignored_skipped}"
+        lines.append(bad)
+        lines.append(f"time: {self.seconds:.1f} s" + (
+            f"   ({self.rows_in / self.seconds:,.0f} changelog rows/s)"
+            if self.seconds > 0 and self.rows_in else ""))
+        if self.watermark_ms is not None and "watermark_timers" in c:
             lines.append(f"event-time watermark: {_iso_ms(self.watermark_ms)}   "
-                         f"watermark timers fired: {c.get('watermark_timers', 0)}")
-        if self.late_rows:
+                         f"watermark timers fired: {c['watermark_timers']}")
+        if "windows_fired" in c:
+            lines.append(f"windows fired: {c['windows_fired']}   updated (allowed lateness): "
+                         f"{c.get('windows_refired', 0)}   late rows: {self.late_rows}"
+                         + (f" (late output: {self.late_output})"
+                            if self.late_output and self.late_rows else ""))
+        elif self.late_rows:
             lines.append(f"late rows: {self.late_rows}" + (f" (late output: {self.late_output})"
                                                             if self.late_output else ""))
         et = self.event_time
@@ -157,6 +179,24 @@ class RunReport:
         for w in self.warnings[:5]:
             lines.append(f"warning: {w}")
         return "\n".join(lines)
+
+    def _sink_line(self) -> str:
+        if self.sink_kind == "print":
+            return f"printed: {self.changes_out} changes"
+        if self.sink_kind == "blackhole":
+            return f"discarded: {self.changes_out} changes"
+        return f"table: {self.upserted} upserted, {self.deleted} deleted"
+
+
+#: operator counters of the summary's third line, in the README's words
+#: (shown only when an operator of the plan reports them)
+_OPERATOR_COUNTERS = (
+    ("superseded", "superseded (older than the key's applied change)"),
+    ("unchanged", "unchanged"),
+    ("retract_no_match", "deletes of unknown keys"),
+    ("matches", "join matches"),
+    ("duplicates", "duplicates dropped"),
+)
 
 
 def _iso_ms(ms: int) -> str:
@@ -274,7 +314,9 @@ def run_to_sink(df, table, *, key, schema: pa.Schema, checkpoint: Optional[str] 
     report = RunReport(streaming=streaming,
                        table=os.fspath(table) if isinstance(table, (str, os.PathLike)) else None,
                        changelog=changelog_path, dead_letter=dead_letter,
-                       late_output=late_output, entry_instances=tuple(entry_instances))
+                       late_output=late_output, entry_instances=tuple(entry_instances),
+                       sink_kind={"PrintSink": "print", "BlackholeSink": "blackhole"}.get(
+                           type(sink).__name__, "table"))
     t0 = time.perf_counter()
 
     table_name = os.fspath(table) if isinstance(table, (str, os.PathLike)) else type(table).__name__
@@ -341,21 +383,30 @@ def run_to_sink(df, table, *, key, schema: pa.Schema, checkpoint: Optional[str] 
     main_ck = os.path.join(checkpoint, "main")
 
     failure: list = []
+    batch_running = threading.Event()
 
     def main_batch(bdf, batch_id):
+        batch_running.set()
         try:
             handle(bdf.toArrow(), int(batch_id), _query_id(main_ck))
         except Exception as err:    # re-raised as itself below, not as Spark's wrapper
             failure.append(err)
             raise
+        finally:
+            batch_running.clear()
 
     query = (df.writeStream.foreachBatch(main_batch)
              .option("checkpointLocation", main_ck)
              .trigger(availableNow=True).start())
     try:
-        with operator_errors():
+        with operator_errors(), _stop_on_ctrl_c() as ctrl_c:
             try:
-                query.awaitTermination()
+                while not query.awaitTermination(0.2):
+                    if ctrl_c.is_set() and not batch_running.is_set():
+                        # between micro-batches: what is written is a whole batch
+                        report.interrupted = True
+                        query.stop()
+                        break
             except Exception as err:
                 if failure:
                     raise failure[0] from err
@@ -365,6 +416,30 @@ def run_to_sink(df, table, *, key, schema: pa.Schema, checkpoint: Optional[str] 
             query.stop()
     report.seconds = time.perf_counter() - t0
     return report
+
+
+@contextlib.contextmanager
+def _stop_on_ctrl_c():
+    """The first Ctrl-C of a streaming run asks it to stop at the next
+    micro-batch boundary (the event is set); a second one stops at once
+    (KeyboardInterrupt).  Only in the main thread (signals go there)."""
+    requested = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield requested
+        return
+
+    def on_sigint(signum, frame):
+        if requested.is_set():
+            raise KeyboardInterrupt
+        requested.set()
+        print("stopping at the end of the current micro-batch (Ctrl-C again to stop at once)",
+              file=sys.stderr, flush=True)
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield requested
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _handle_late(metrics: list[dict], report: RunReport, late_output: Optional[str],

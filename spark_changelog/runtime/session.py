@@ -6,6 +6,7 @@ through unchanged, so the same code runs on a cluster (docs/deploy.md).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import sys
@@ -149,4 +150,31 @@ def build_session(app_name: str = "spark-changelog", master: Optional[str] = Non
     with (_jvm_output_to_log() if launching else contextlib.nullcontext()):
         spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    quiet_pyspark_loggers()
     return spark
+
+
+def quiet_pyspark_loggers() -> list:
+    """PySpark logs every analysis exception it converts, on the terminal,
+    with extra fields only its own logger class accepts: create those loggers
+    as that class (a plain ``logging.Logger`` of the same name fails with
+    ``Logger._log() got an unexpected keyword argument 'errorClass'``) and send
+    them to the log file instead of the terminal."""
+    from pyspark.logger import PySparkLogger
+    loggers = []
+    for name in ("SQLQueryContextLogger", "DataFrameQueryContextLogger"):
+        existing = logging.Logger.manager.loggerDict.get(name)
+        if isinstance(existing, logging.Logger) and not isinstance(existing, PySparkLogger):
+            del logging.Logger.manager.loggerDict[name]
+        lg = PySparkLogger.getLogger(name)
+        for h in list(lg.handlers):
+            if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler):
+                lg.removeHandler(h)
+        if not any(isinstance(h, logging.FileHandler) for h in lg.handlers):
+            try:
+                lg.addHandler(logging.FileHandler(spark_log_path(), delay=True))
+            except OSError:
+                lg.disabled = True
+        lg.propagate = False
+        loggers.append(lg)
+    return loggers

@@ -15,6 +15,8 @@ class SqlError(ValueError):
               |                                               ^^^^^^
     """
 
+    exit_code = 2       # spark_changelog.model.errors.EXIT_USAGE
+
     def __init__(self, message: str, line: int, col: int, *, sql: Optional[str] = None,
                  path: Optional[str] = None, length: int = 1):
         self.message, self.line, self.col = message, int(line), int(col)
@@ -47,5 +49,15 @@ class UnsupportedFeature(SqlError):
     """Valid Flink SQL whose operator is not there yet (or never will be);
     the message names the feature."""
 
+    exit_code = 3       # EXIT_UNSUPPORTED
 
-__all__ = ["SqlError", "UnsupportedFeature"]
+
+class ScriptPathError(SqlError):
+    """A path the script names (a source's or sink's ``'path'``) that does not
+    exist, is not a directory or cannot be written: a job failure (exit 1),
+    shown at the table that names it."""
+
+    exit_code = 1       # EXIT_JOB_FAILED
+
+
+__all__ = ["SqlError", "UnsupportedFeature", "ScriptPathError"]

@@ -14,6 +14,7 @@ from ..plan.rules import PlanError
 from .context import Context, column_types
 from .errors import UnsupportedFeature
 from .expressions import normal_type
+from .preflight import sink_type_problem
 from .relation import Relation
 from .script import InsertDef, Position, TableDef
 from .settings import Settings
@@ -145,6 +146,9 @@ def plan_insert(ctx: Context, tables: dict, ins: InsertDef,
     by_target = dict(zip(targets, rel.fields))
     for c in table.physical_columns:
         f = by_target[c.name]
+        problem = sink_type_problem(c.name, types.get(f.column, "void"), c.spark_type, table.name)
+        if problem:
+            raise ctx.error(problem, ins.position)
         if types.get(f.column) != normal_type(c.spark_type):
             named[c.name] = f"CAST(`{f.column}` AS {c.spark_type})"
             identity = False

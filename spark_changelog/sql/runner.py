@@ -16,8 +16,9 @@ import os
 import re
 import sys
 import time
-from typing import Optional, TextIO
+from typing import Callable, Optional, TextIO
 
+from ..model.errors import Interrupted, UsageError, located
 from .script import ExplainDef, Script
 from .insert import PlannedInsert
 from .translate import Translator
@@ -79,13 +80,18 @@ def explain_script(spark, script: Script, fmt: str = "text", *, batch: bool = Fa
 def run_script(spark, script: Script, *, batch: bool, checkpoint: Optional[str] = None,
                dead_letter: Optional[str] = None, strict: bool = False,
                key_groups: Optional[int] = None, show_progress: bool = True,
-               out: Optional[TextIO] = None, late_output: Optional[str] = None
-               ) -> list[InsertRun]:
+               out: Optional[TextIO] = None, late_output: Optional[str] = None,
+               on_finished: Optional[Callable[[InsertRun], None]] = None) -> list[InsertRun]:
     """Plan the whole script, then run its INSERTs (see the module docstring).
-    ``out``: where EXPLAIN output and print sinks write (default: stdout)."""
+    ``out``: where EXPLAIN output and print sinks write (default: stdout).
+    ``on_finished``: called with each INSERT's run as soon as it finishes
+    (``print_summary`` prints its summary).  A failing INSERT's error says
+    which INSERTs had already written their tables; Ctrl-C stops a streaming
+    INSERT at a micro-batch boundary and raises :class:`Interrupted` saying
+    how to resume."""
     sink_out, out = out, out or sys.stdout
     if not batch and not checkpoint:
-        raise ValueError("a streaming run needs --checkpoint DIR (or run it with --batch)")
+        raise UsageError("a streaming run needs --checkpoint DIR (or run it with --batch)")
     translator = Translator(spark, script, streaming=not batch, strict=strict,
                             key_groups=key_groups)
     inserts: list[PlannedInsert] = []
@@ -110,11 +116,70 @@ def run_script(spark, script: Script, *, batch: bool, checkpoint: Optional[str] 
         ck = os.path.join(checkpoint, sub or "query") if checkpoint else None
         dl = os.path.join(dead_letter, sub) if dead_letter and sub else dead_letter
         late = os.path.join(late_output, sub) if late_output and sub else late_output
-        with _Progress(p, enabled=show_progress) as progress:
-            report = p.run(checkpoint=ck, dead_letter=dl, strict=strict, progress=progress.update,
-                           out=sink_out, late_output=late)
-        runs.append(InsertRun(p, report))
+        where = f"INSERT INTO {p.table.name} ({script.path or 'script'} line {p.insert.position.line})"
+        progress = _Progress(p, enabled=show_progress)
+        try:
+            with located(where, checkpoint=ck), progress:
+                report = p.run(checkpoint=ck, dead_letter=dl, strict=strict,
+                               progress=progress.update, out=sink_out, late_output=late)
+        except KeyboardInterrupt:
+            _cancel_jobs(spark)
+            raise Interrupted("stopped by Ctrl-C", where=where,
+                              todo=_resume_hint(checkpoint, batch),
+                              detail=_written(runs, progress.report, batch)) from None
+        except Exception as err:
+            if len(inserts) > 1 or (progress.report is not None and progress.report.batches):
+                err._written = _written(runs, progress.report, batch)
+            raise
+        run = InsertRun(p, report)
+        if on_finished is not None:
+            on_finished(run)
+        if report.interrupted:
+            raise Interrupted(f"stopped by Ctrl-C after {report.batches} micro-batch(es), at a "
+                              "micro-batch boundary", where=where,
+                              todo=_resume_hint(checkpoint, batch),
+                              detail=_written(runs, report, batch))
+        runs.append(run)
     return runs
+
+
+def print_summary(run: InsertRun, file: Optional[TextIO] = None) -> None:
+    """An INSERT's summary, as it finishes: its header, the report, warnings."""
+    file = file or sys.stderr
+    print(f"== INSERT INTO {run.planned.table.name} ==", file=file)
+    print(run.report.summary(), file=file)
+    shown = set(run.report.warnings[:5])
+    for w in run.report.warnings:
+        if w not in shown:
+            print(f"warning: {w}", file=file)
+    file.flush()
+
+
+def _written(runs: list, current, batch: bool) -> str:
+    """What a stopped or failed script had written: whole INSERTs, and the
+    micro-batches of the one that stopped."""
+    lines = [f"already written: INSERT INTO {r.planned.table.name} (line "
+             f"{r.planned.insert.position.line}), finished" for r in runs]
+    if current is not None and not batch and current.batches:
+        lines.append(f"this INSERT committed {current.batches} micro-batch(es) before it "
+                     "stopped (each whole); a second run resumes after them")
+    else:
+        lines.append("nothing of this INSERT was written")
+    return "\n".join(lines)
+
+
+def _resume_hint(checkpoint: Optional[str], batch: bool) -> str:
+    if batch:
+        return "run the same command again (a batch INSERT writes its table in one commit)"
+    return (f"run the same command again (same --checkpoint {checkpoint}) to resume; finished "
+            "INSERTs are not redone")
+
+
+def _cancel_jobs(spark) -> None:
+    try:
+        spark.sparkContext.cancelAllJobs()
+    except Exception:   # noqa: BLE001 -- the JVM may already be gone
+        pass
 
 
 def _iso(ms: int) -> str:
@@ -203,4 +268,4 @@ class _Progress:
         return False
 
 
-__all__ = ["run_script", "explain_script", "InsertRun", "FORMATS"]
+__all__ = ["run_script", "explain_script", "print_summary", "InsertRun", "FORMATS"]

@@ -11,6 +11,7 @@ import dataclasses
 from typing import Optional
 
 from ..api import read_changes
+from ..connectors.cdc_json import InvalidChangeError
 from .context import Context
 from .errors import UnsupportedFeature
 from .relation import Field, Relation
@@ -69,6 +70,8 @@ def read_source(ctx: Context, t: TableDef, pos: Position,
                               streaming=ctx.streaming, strict=ctx.strict,
                               max_files_per_trigger=max_files, name=t.name, **kw)
     except ValueError as e:
+        if isinstance(e, InvalidChangeError):   # bad input (strict), not a script error
+            raise
         raise ctx.error(f"table {t.name}: {e}", t.position) from None
     fields = [Field(t.name, col.name, col.name) for col in t.physical_columns]
     rel = Relation(stream, tuple(fields))
