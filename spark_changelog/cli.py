@@ -16,6 +16,9 @@ from .model.errors import PathError, UsageError
 
 def _session(args):
     from .runtime.session import build_session
+    bad = [kv for kv in (args.conf or []) if "=" not in kv]
+    if bad:
+        raise UsageError(f"--conf {bad[0]}: expected KEY=VALUE")
     confs = dict(kv.split("=", 1) for kv in (args.conf or []))
     return build_session("spark-changelog", master=args.master, configs=confs)
 
@@ -246,8 +249,30 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Warnings (the planner's, a changed checkpoint's) as one line each."""
+    print(f"warning: {message}", file=file or sys.stderr)
+
+
+def _log_to_file() -> None:
+    """The package's own log lines (e.g. a sink's retries) go to the log
+    file, as Spark's do, not to the terminal."""
+    import logging
+    from .runtime.session import spark_log_path
+    lg = logging.getLogger("spark_changelog")
+    if not any(getattr(h, "_spark_changelog", False) for h in lg.handlers):
+        handler = logging.FileHandler(spark_log_path(), delay=True)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler._spark_changelog = True
+        lg.addHandler(handler)
+    lg.propagate = False
+
+
 def main(argv=None) -> int:
+    import warnings
     args = build_parser().parse_args(argv)
+    warnings.showwarning = _show_warning
+    _log_to_file()
     try:
         return args.func(args)
     except BrokenPipeError:

@@ -166,7 +166,9 @@ def _sort_spark(err, where, facts) -> Optional[UserError]:
     if worker is not None:
         return worker if worker.where else _with_where(worker, where)
     if cls.startswith(_CHECKPOINT_CLASSES) or "Wrong basePath" in text:
-        return checkpoint_error(cls, msg, facts.get("checkpoint"), where)
+        wrong = re.search(r"Wrong basePath[^\n]*?root path: \S+", text)
+        return checkpoint_error(cls, wrong.group(0) if wrong else msg, facts.get("checkpoint"),
+                                where)
     if cls in _SPARK_CLASSES:
         what, todo = _SPARK_CLASSES[cls]
         path = re.search(r"Path does not exist: (?:file:)?(\S+?)\.?$", msg)
@@ -212,11 +214,14 @@ def _python_worker_error(text: str) -> Optional[UserError]:
 
 def checkpoint_error(cls: str, msg: str, checkpoint: Optional[str], where) -> CheckpointMismatch:
     ck = checkpoint or "the checkpoint directory"
-    if "Wrong basePath" in msg or cls == "":
+    if "Wrong basePath" in msg:
+        m = re.search(r"root path: (?:file:)?(\S+)", msg)
+        read = os.path.dirname(m.group(1)) if m else "another directory"
         return CheckpointMismatch(
-            "the checkpoint was written in another directory (it was moved or copied)",
-            where=where, todo=f"run from the original place, or start afresh with a new "
-                              f"--checkpoint (the tables keep their rows; {ck} can be deleted)")
+            f"the checkpoint lists input files it read at {read}, which is not where the "
+            "source is now (the directory was moved or copied)", where=where,
+            todo=f"run it where it was written, or start a new --checkpoint DIR here: the query "
+                 "then reads all input again and upserts the same final rows into the table")
     return CheckpointMismatch(
         f"the checkpoint's state does not fit this query ([{cls}] {msg})", where=where,
         todo=f"run the script that wrote {ck}, or start a new --checkpoint DIR (the query then "

@@ -13,6 +13,7 @@ from typing import Optional
 
 from ..runtime.spark_keyed import arrow_schema_of
 from .explain import explain_plan
+from .fingerprint import check_checkpoint, is_streaming
 from .lower import lower
 from .nodes import Sink
 from .rules import plan_warnings, sink_keys_emitted_once
@@ -33,6 +34,10 @@ def run_sink(sink: Sink, table, *, checkpoint: Optional[str] = None,
     from ..runtime.pipeline import run_to_sink
     from ..runtime.spark_keyed import operator_instance
     warns = plan_warnings(sink)
+    if checkpoint is not None and is_streaming(sink):
+        changed = check_checkpoint(checkpoint, sink)
+        if changed:
+            warns.append(changed)
     for w in warns:
         _warnings.warn(w, PlanWarning, stacklevel=warn_stacklevel)
     low = lower(sink)

@@ -40,6 +40,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..model import KIND_COL, SEQ_COL, as_key
+from ..model.errors import UserError
 from .spark_keyed import METRICS_COL, METRICS_KIND
 
 
@@ -278,6 +279,10 @@ def operator_errors():
         raise
 
 
+def _local(file: str) -> str:
+    return file[len("file:"):] if file.startswith("file:") else file
+
+
 def _query_id(checkpoint: str) -> str:
     """Spark's query id, stable across restarts from the same checkpoint."""
     with open(os.path.join(checkpoint, "metadata")) as f:
@@ -334,9 +339,12 @@ def run_to_sink(df, table, *, key, schema: pa.Schema, checkpoint: Optional[str] 
                 from ..connectors.cdc_json import raise_if_invalid
                 raise_if_invalid(dead)
             if dead_letter is None:
-                raise ValueError(
-                    f"{len(dead)} invalid input row(s) and no dead-letter directory: first: "
-                    f"{dead.iloc[0].to_dict()}")
+                first = dead.iloc[0]
+                raise UserError(
+                    f"{len(dead)} invalid input row(s) and no dead-letter directory; the first: "
+                    f"{_local(first['file'])}:{first['line']}: {first['reason']}",
+                    todo="give --dead-letter DIR (dead_letter=...) to set invalid rows aside "
+                         "and go on, or fix the input")
             from ..connectors.dead_letter import write_dead_letter
             # a batch run is named by content (a second run does not overwrite it)
             write_dead_letter(dead, dead_letter, batch_id=batch_id if report.streaming else None)

@@ -73,7 +73,8 @@ def explain_script(spark, script: Script, fmt: str = "text", *, batch: bool = Fa
         for p in planned:
             out.append(f"{_header(p)}\n{_render(p, fmt)}")
     if not out:
-        raise ValueError(f"{script.path or 'the script'} has no INSERT INTO or EXPLAIN statement")
+        raise UsageError(f"{script.path or 'the script'} has no INSERT INTO or EXPLAIN statement",
+                         todo="add an INSERT INTO ... SELECT ... to explain")
     return "\n\n".join(out)
 
 

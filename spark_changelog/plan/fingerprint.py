@@ -1,0 +1,151 @@
+"""The plan's fingerprint, kept in a streaming query's checkpoint (docs/errors.md,
+"A checkpoint whose query changed").
+
+A checkpoint holds the state of the operators that wrote it.  When the script
+changes, Spark either fails deep inside (``STREAMING_STATEFUL_OPERATOR_NOT_
+MATCH_IN_STATE_METADATA``) or, worse, accepts the change silently: a changed
+``WHERE`` runs on new input only, and the rows the new filter excludes stay
+in the table.  So the checkpoint directory keeps ``plan-fingerprint.json``:
+
+    {"version": 1,
+     "state": sha256 of the state-bearing shape: every node but filters,
+              projections and watermark assigners, with the columns entering
+              each stateful operator,
+     "full": sha256 of the whole plan (every node's label and columns),
+     "stateful": the state-bearing nodes, one line each, for messages,
+     "plan": the plan as lines (every node), for messages}
+
+On a restart the fingerprint of the script's plan is compared with the file:
+the same ``state`` and ``full``: go on; the same ``state`` but another
+``full`` (a filter, a projection, a watermark changed): go on with a warning
+saying what is not redone, and the file is rewritten; another ``state``:
+refused (:class:`~spark_changelog.model.errors.CheckpointMismatch`), with the
+choices spelled out.  A checkpoint without the file (written before it
+existed) is taken as is and gets one.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from typing import Optional
+
+from ..model.errors import CheckpointMismatch
+from .nodes import Filter, Node, Normalize, Project, Source, WatermarkAssigner
+
+FILE_NAME = "plan-fingerprint.json"
+VERSION = 1
+
+#: nodes that keep no state: changing them does not break a checkpoint
+STATELESS = (Filter, Project, WatermarkAssigner)
+
+
+def _walk(node: Node, depth: int = 0):
+    yield node, depth
+    for child in node.children:
+        yield from _walk(child, depth + 1)
+
+
+def _label(node: Node) -> str:
+    """The node's label without why the planner inserted it (the same
+    operator and state whatever its consumer)."""
+    if isinstance(node, Normalize) and node.inserted_because:
+        node = dataclasses.replace(node, inserted_because="")
+    return node.label()
+
+
+def _line(node: Node, depth: int) -> str:
+    return f"{'  ' * depth}{_label(node)} columns={list(node.traits.columns)}"
+
+
+def plan_fingerprint(node: Node) -> dict:
+    """The fingerprint of a planned sink (see the module docstring)."""
+    plan, stateful = [], []
+    for n, depth in _walk(node):
+        plan.append(_line(n, depth))
+        if isinstance(n, STATELESS):
+            continue
+        if isinstance(n, Source):
+            stateful.append(f"{_label(n)} columns={list(n.traits.columns)}")
+        else:
+            inputs = [list(c.traits.columns) for c in n.children]
+            stateful.append(f"{_label(n)} input columns={inputs}")
+    return {"version": VERSION,
+            "state": _sha("\n".join(stateful)),
+            "full": _sha("\n".join(plan)),
+            "stateful": stateful,
+            "plan": plan}
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def read_fingerprint(checkpoint: str) -> Optional[dict]:
+    try:
+        with open(os.path.join(checkpoint, FILE_NAME), encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return None
+
+
+def write_fingerprint(checkpoint: str, fingerprint: dict) -> None:
+    os.makedirs(checkpoint, exist_ok=True)
+    path = os.path.join(checkpoint, FILE_NAME)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(fingerprint, f, indent=1)
+    os.replace(tmp, path)
+
+
+def _has_progress(checkpoint: str) -> bool:
+    """Whether Spark's checkpoint under ``checkpoint`` committed a batch."""
+    commits = os.path.join(checkpoint, "main", "commits")
+    return os.path.isdir(commits) and any(not n.startswith(".") for n in os.listdir(commits))
+
+
+def _short(line: str) -> str:
+    return line.strip().split(" columns=")[0]
+
+
+def is_streaming(node: Node) -> bool:
+    return any(isinstance(n, Source) and n.streaming for n, _ in _walk(node))
+
+
+def check_checkpoint(checkpoint: str, node: Node) -> Optional[str]:
+    """Compare the plan ``node`` with the checkpoint's fingerprint (module
+    docstring).  Returns a warning when the change is allowed, None when
+    nothing changed; raises :class:`CheckpointMismatch` when it breaks state."""
+    new = plan_fingerprint(node)
+    old = read_fingerprint(checkpoint)
+    if old is None or not _has_progress(checkpoint):
+        write_fingerprint(checkpoint, new)
+        return None
+    if old.get("state") == new["state"] and old.get("full") == new["full"]:
+        return None
+    where = os.path.join(checkpoint, FILE_NAME)
+    if old.get("state") != new["state"]:
+        gone = [s for s in old.get("stateful", []) if s not in new["stateful"]]
+        added = [s for s in new["stateful"] if s not in old.get("stateful", [])]
+        detail = "\n".join([f"in the checkpoint, not in the script: {s}" for s in gone]
+                           + [f"in the script, not in the checkpoint: {s}" for s in added])
+        raise CheckpointMismatch(
+            "the query changed in a way its state cannot follow (a stateful operator, its key "
+            "or its input columns changed)", where=f"checkpoint {checkpoint}", detail=detail,
+            todo=("either run the script that wrote this checkpoint (its plan is in "
+                  f"{where}); or start a new --checkpoint DIR, which reads all input again "
+                  "(write to a new table, or empty this one first: its rows stay); or delete "
+                  "the checkpoint and the table and run again"))
+    removed = [_short(s) for s in old.get("plan", []) if s not in new["plan"]]
+    added = [_short(s) for s in new["plan"] if s not in old.get("plan", [])]
+    write_fingerprint(checkpoint, new)
+    change = "; ".join([f"was {s}" for s in removed] + [f"now {s}" for s in added])
+    return ("the query changed since this checkpoint was written (" + change + "): the state "
+            "is kept and only input not yet read goes through the new query; rows already "
+            "written are not redone (rows a new filter excludes stay in the table); for the "
+            "new query over all input, start a new --checkpoint and a new table")
+
+
+__all__ = ["plan_fingerprint", "read_fingerprint", "write_fingerprint", "check_checkpoint",
+           "is_streaming", "FILE_NAME", "VERSION"]

@@ -1,0 +1,453 @@
+"""Mistakes a person makes, and what they get back (docs/errors.md): for each,
+the exact first line of the message, the exit code, and what is on disk
+afterwards (nothing half-written).
+
+One table, three groups by cost: mistakes caught before Spark starts (most),
+mistakes that need the test session (planning, a batch run, a streaming
+checkpoint), and Ctrl-C sent to a real ``spark-changelog run`` process during
+a micro-batch."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from typing import Callable, Optional
+
+import pytest
+
+from spark_changelog.cli import main
+
+# --------------------------------------------------------------------------- inputs
+
+LINES = [
+    {"before": None, "after": {"id": 1, "name": "ann", "amount": 10}, "op": "c", "source": {"lsn": 1}},
+    {"before": None, "after": {"id": 2, "name": "bob", "amount": 20}, "op": "c", "source": {"lsn": 2}},
+    {"before": {"id": 1, "name": "ann", "amount": 10}, "after": {"id": 1, "name": "ann", "amount": 15},
+     "op": "u", "source": {"lsn": 3}},
+]
+BAD_LINE = '{"before": null, "after": {"id": 3, "name": "cy", "amount": 1}, "op": "x", "source": {"lsn": 4}}'
+
+
+def debezium_input(d, lines=LINES, extra=()) -> str:
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "part-0.json"), "w") as f:
+        for line in lines:
+            f.write(json.dumps(line) + "\n")
+        for raw in extra:
+            f.write(raw + "\n")
+    return str(d)
+
+
+def source_ddl(path, name="src") -> str:
+    return (f"CREATE TABLE {name} (id BIGINT, name STRING, amount BIGINT, PRIMARY KEY (id) NOT "
+            f"ENFORCED)\n  WITH ('connector' = 'filesystem', 'path' = '{path}', "
+            "'format' = 'debezium-json');\n")
+
+
+def delta_ddl(path, columns="id BIGINT, name STRING, amount BIGINT", key="id", name="out") -> str:
+    return (f"CREATE TABLE {name} ({columns}, PRIMARY KEY ({key}) NOT ENFORCED)\n"
+            f"  WITH ('connector' = 'delta', 'path' = '{path}');\n")
+
+
+def script(tmp, text: str, name="job.sql") -> str:
+    p = os.path.join(tmp, name)
+    with open(p, "w") as f:
+        f.write(text)
+    return p
+
+
+def tree(path) -> list:
+    """Every file under ``path`` (relative), for "nothing was written"."""
+    if not os.path.exists(path):
+        return []
+    if os.path.isfile(path):
+        return ["<file>"]
+    return sorted(os.path.relpath(os.path.join(d, f), path)
+                  for d, _, files in os.walk(path) for f in files)
+
+
+# --------------------------------------------------------------------------- the table
+
+
+@dataclasses.dataclass
+class Mistake:
+    name: str
+    #: tmp -> (argv, {placeholder: value} for the expected line, check of the disk afterwards)
+    setup: Callable
+    first_line: str
+    exit_code: int
+    spark: bool = False
+    root_only: bool = False
+    #: more lines the output must contain (e.g. what was already written)
+    also: tuple = ()
+
+
+def _with_input(tmp):
+    return debezium_input(os.path.join(tmp, "in"))
+
+
+def missing_script(tmp):
+    return ["run", f"{tmp}/nope.sql", "--batch"], {}, None
+
+
+def no_mode(tmp):
+    p = script(tmp, source_ddl(_with_input(tmp)) + delta_ddl(f"{tmp}/out")
+               + "INSERT INTO out SELECT * FROM src;\n")
+    return ["run", p], {}, lambda: tree(f"{tmp}/out") == []
+
+
+def sql_syntax(tmp):
+    p = script(tmp, "CREATE TABLE a (id INT) WITH ('connector' = 'print');\n"
+                    "INSERT INTO a SELECT id FROM b ON CONFLICT DO UPDATE;\n")
+    return ["run", p, "--batch"], {"p": p}, None
+
+
+def unknown_connector(tmp):
+    p = script(tmp, "CREATE TABLE a (id INT) WITH ('connector' = 'kafka');\n")
+    return ["explain", p], {"p": p}, None
+
+
+def filesystem_without_path(tmp):
+    p = script(tmp, "CREATE TABLE a (id INT) WITH ('connector' = 'filesystem', "
+                    "'format' = 'json');\n")
+    return ["explain", p], {"p": p}, None
+
+
+def wrong_input_path(tmp):
+    p = script(tmp, source_ddl(f"{tmp}/nope") + delta_ddl(f"{tmp}/out")
+               + "INSERT INTO out SELECT * FROM src;\n")
+    return ["run", p, "--batch"], {"p": p, "tmp": tmp}, lambda: tree(f"{tmp}/out") == []
+
+
+def wrong_input_path_explain(tmp):
+    p = script(tmp, source_ddl(f"{tmp}/nope") + delta_ddl(f"{tmp}/out")
+               + "INSERT INTO out SELECT * FROM src;\n")
+    return ["explain", p], {"p": p, "tmp": tmp}, None
+
+
+def sink_path_is_a_file(tmp):
+    with open(f"{tmp}/out", "w") as f:
+        f.write("keep me")
+    p = script(tmp, source_ddl(_with_input(tmp)) + delta_ddl(f"{tmp}/out")
+               + "INSERT INTO out SELECT * FROM src;\n")
+    return (["run", p, "--batch"], {"p": p, "tmp": tmp},
+            lambda: open(f"{tmp}/out").read() == "keep me")
+
+
+def sink_path_under_a_file(tmp):
+    with open(f"{tmp}/afile", "w") as f:
+        f.write("x")
+    p = script(tmp, source_ddl(_with_input(tmp)) + delta_ddl(f"{tmp}/afile/out")
+               + "INSERT INTO out SELECT * FROM src;\n")
+    return ["run", p, "--batch"], {"p": p, "tmp": tmp}, lambda: tree(f"{tmp}/afile") == ["<file>"]
+
+
+def checkpoint_is_a_file(tmp):
+    with open(f"{tmp}/ck", "w") as f:
+        f.write("x")
+    p = script(tmp, source_ddl(_with_input(tmp)) + delta_ddl(f"{tmp}/out")
+               + "INSERT INTO out SELECT * FROM src;\n")
+    return ["run", p, "--checkpoint", f"{tmp}/ck"], {"tmp": tmp}, \
+        lambda: tree(f"{tmp}/out") == []
+
+
+def dead_letter_is_a_file(tmp):
+    with open(f"{tmp}/bad", "w") as f:
+        f.write("x")
+    p = script(tmp, source_ddl(_with_input(tmp)) + delta_ddl(f"{tmp}/out")
+               + "INSERT INTO out SELECT * FROM src;\n")
+    return ["run", p, "--batch", "--dead-letter", f"{tmp}/bad"], {"tmp": tmp}, \
+        lambda: tree(f"{tmp}/out") == []
+
+
+def late_output_is_a_file(tmp):
+    with open(f"{tmp}/late", "w") as f:
+        f.write("x")
+    p = script(tmp, source_ddl(_with_input(tmp)) + delta_ddl(f"{tmp}/out")
+               + "INSERT INTO out SELECT * FROM src;\n")
+    return ["run", p, "--batch", "--late-output", f"{tmp}/late"], {"tmp": tmp}, None
+
+
+def conf_without_value(tmp):
+    p = script(tmp, source_ddl(_with_input(tmp)) + delta_ddl(f"{tmp}/out")
+               + "INSERT INTO out SELECT * FROM src;\n")
+    return ["--conf", "spark.sql.shuffle.partitions", "run", p, "--batch"], {}, \
+        lambda: tree(f"{tmp}/out") == []
+
+
+def cat_missing_table(tmp):
+    return ["cat", f"{tmp}/nope"], {"tmp": tmp}, None
+
+
+def cat_not_a_table(tmp):
+    os.makedirs(f"{tmp}/plain")
+    return ["cat", f"{tmp}/plain"], {"tmp": tmp}, None
+
+
+def normalize_missing_input(tmp):
+    return (["normalize", f"{tmp}/nope", f"{tmp}/out", "--format", "debezium-json", "--key", "id",
+             "--schema", "id BIGINT"], {"tmp": tmp}, lambda: tree(f"{tmp}/out") == [])
+
+
+def normalize_streaming_without_checkpoint(tmp):
+    return (["normalize", _with_input(tmp), f"{tmp}/out", "--format", "debezium-json", "--key",
+             "id", "--schema", "id BIGINT", "--streaming"], {}, None)
+
+
+def normalize_output_is_a_file(tmp):
+    with open(f"{tmp}/out", "w") as f:
+        f.write("x")
+    return (["normalize", _with_input(tmp), f"{tmp}/out", "--format", "debezium-json", "--key",
+             "id", "--schema", "id BIGINT"], {"tmp": tmp}, lambda: tree(f"{tmp}/out") == ["<file>"])
+
+
+def read_only_sink(tmp):
+    """A sink on a read-only file system (a tmpfs mounted read-only)."""
+    mnt = f"{tmp}/ro"
+    os.makedirs(mnt)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", mnt], check=True)
+    p = script(tmp, source_ddl(_with_input(tmp)) + delta_ddl(f"{mnt}/out")
+               + "INSERT INTO out SELECT * FROM src;\n")
+    return ["run", p, "--batch"], {"p": p, "tmp": tmp}, lambda: tree(mnt) == []
+
+
+def full_disk_sink(tmp):
+    """A sink on a full disk (a 1 MB tmpfs filled up)."""
+    mnt = f"{tmp}/full"
+    os.makedirs(mnt)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", mnt], check=True)
+    with open(f"{mnt}/filler", "wb") as f:
+        try:
+            f.write(b"\0" * (2 << 20))
+        except OSError:
+            pass
+    p = script(tmp, source_ddl(_with_input(tmp)) + delta_ddl(f"{mnt}/out")
+               + "INSERT INTO out SELECT * FROM src;\n")
+    return ["run", p, "--batch"], {"p": p, "tmp": tmp}, lambda: tree(mnt) == ["filler"]
+
+
+PRE_SPARK = [
+    Mistake("script file missing", missing_script,
+            "error: cannot read {tmp}/nope.sql: No such file or directory", 1),
+    Mistake("run without --batch or --checkpoint", no_mode,
+            "error: give --batch (one batch job) or --checkpoint DIR (a resumable streaming query)",
+            2),
+    Mistake("SQL syntax", sql_syntax,
+            "error: {p}:2:47: Expected DEDUPLICATE, ERROR or NOTHING after ON CONFLICT DO", 2),
+    Mistake("unknown connector", unknown_connector,
+            "not supported: {p}:1:31: table a: unknown connector 'kafka': expected one of "
+            "filesystem, delta, jdbc, postgres, print, blackhole", 3),
+    Mistake("filesystem source without a path", filesystem_without_path,
+            "error: {p}:1:31: table a: connector 'filesystem' needs 'path'", 2),
+    Mistake("wrong input path", wrong_input_path,
+            "error: {p}:2:46: table src: input path {tmp}/nope does not exist (nearest existing "
+            "directory: {tmp}) (check the table's 'path')", 1),
+    Mistake("wrong input path, explain", wrong_input_path_explain,
+            "error: {p}:2:46: table src: input path {tmp}/nope does not exist (nearest existing "
+            "directory: {tmp}) (check the table's 'path')", 1),
+    Mistake("sink path is a file", sink_path_is_a_file,
+            "error: {p}:4:41: table out: sink path {tmp}/out is a file, not a directory (give the "
+            "table a 'path' that can be written)", 1),
+    Mistake("sink path under a file", sink_path_under_a_file,
+            "error: {p}:4:41: table out: sink path {tmp}/afile/out cannot be created: "
+            "{tmp}/afile is a file, not a directory (give the table a 'path' that can be written)",
+            1),
+    Mistake("checkpoint is a file", checkpoint_is_a_file,
+            "error: --checkpoint: {tmp}/ck is a file, not a directory", 1),
+    Mistake("dead-letter directory is a file", dead_letter_is_a_file,
+            "error: --dead-letter: {tmp}/bad is a file, not a directory", 1),
+    Mistake("late-output directory is a file", late_output_is_a_file,
+            "error: --late-output: {tmp}/late is a file, not a directory", 1),
+    Mistake("--conf without a value", conf_without_value,
+            "error: --conf spark.sql.shuffle.partitions: expected KEY=VALUE", 2),
+    Mistake("cat of a missing table", cat_missing_table,
+            "error: cannot print table: {tmp}/nope does not exist (nearest existing directory: "
+            "{tmp})", 1),
+    Mistake("cat of a directory that is no table", cat_not_a_table,
+            "error: cannot print table: {tmp}/plain is not a Delta table (no _delta_log "
+            "directory)", 1),
+    Mistake("normalize: missing input", normalize_missing_input,
+            "error: input path {tmp}/nope does not exist (nearest existing directory: {tmp})", 1),
+    Mistake("normalize --streaming without --checkpoint", normalize_streaming_without_checkpoint,
+            "error: --streaming needs --checkpoint DIR", 2),
+    Mistake("normalize: output is a file", normalize_output_is_a_file,
+            "error: output: {tmp}/out is a file, not a directory", 1),
+    Mistake("sink on a read-only file system", read_only_sink,
+            "error: {p}:4:41: table out: sink path {tmp}/ro/out cannot be created: {tmp}/ro is "
+            "on a read-only file system (give the table a 'path' that can be written)", 1,
+            root_only=True),
+    Mistake("sink on a full disk", full_disk_sink,
+            "error: {p}:4:41: table out: sink path {tmp}/full/out is on a full disk (0 bytes free "
+            "on the device of {tmp}/full) (give the table a 'path' that can be written)", 1,
+            root_only=True),
+]
+
+
+@pytest.fixture
+def tmp(tmp_path):
+    yield str(tmp_path)
+    for mnt in ("ro", "full"):
+        if os.path.ismount(tmp_path / mnt):
+            subprocess.run(["umount", str(tmp_path / mnt)], check=False)
+
+
+def check(m: Mistake, tmp, capsys) -> str:
+    if m.root_only and os.geteuid() != 0:
+        pytest.skip("mounts a tmpfs (needs root)")
+    argv, values, disk = m.setup(tmp)
+    capsys.readouterr()
+    code = main(argv)
+    err = capsys.readouterr().err
+    # the message starts at its label (summaries of finished INSERTs come first)
+    lines = [line for line in err.splitlines()
+             if line.startswith(("error: ", "not supported: ", "interrupted: "))]
+    assert lines, err
+    assert lines[0] == m.first_line.format(**{"tmp": tmp, **values}), err
+    assert code == m.exit_code, err
+    assert "Traceback" not in err
+    for line in m.also:
+        assert line.format(**{"tmp": tmp, **values}) in err.splitlines(), err
+    if disk is not None:
+        assert disk(), f"on disk after {m.name!r}: unexpected state"
+    return err
+
+
+@pytest.mark.parametrize("m", PRE_SPARK, ids=[m.name for m in PRE_SPARK])
+def test_mistake_caught_before_spark_starts(m, tmp, capsys):
+    check(m, tmp, capsys)
+
+
+# --------------------------------------------------------------------------- with Spark
+
+INSERT_ALL = "INSERT INTO out SELECT id, name, amount FROM src;\n"
+
+
+def string_into_bigint(tmp, command="run"):
+    p = script(tmp, source_ddl(_with_input(tmp)) + delta_ddl(f"{tmp}/out", "id BIGINT, name BIGINT")
+               + "INSERT INTO out SELECT id, name FROM src;\n")
+    argv = ["run", p, "--batch"] if command == "run" else ["explain", p]
+    return argv, {"p": p}, lambda: tree(f"{tmp}/out") == []
+
+
+def unknown_table(tmp):
+    p = script(tmp, source_ddl(_with_input(tmp)) + delta_ddl(f"{tmp}/out")
+               + "INSERT INTO out SELECT id, name, amount FROM srcs;\n")
+    return ["run", p, "--batch"], {"p": p}, lambda: tree(f"{tmp}/out") == []
+
+
+def unknown_column(tmp):
+    p = script(tmp, source_ddl(_with_input(tmp)) + delta_ddl(f"{tmp}/out")
+               + "INSERT INTO out SELECT id, nam, amount FROM src;\n")
+    return ["run", p, "--batch"], {"p": p}, lambda: tree(f"{tmp}/out") == []
+
+
+def cast_fails_at_run_time(tmp):
+    p = script(tmp, source_ddl(_with_input(tmp)) + delta_ddl(f"{tmp}/out")
+               + "INSERT INTO out SELECT id, name, CAST(name AS BIGINT) AS amount FROM src;\n")
+    return ["run", p, "--batch"], {"p": p}, lambda: tree(f"{tmp}/out") == []
+
+
+def strict_bad_record(tmp):
+    src = debezium_input(f"{tmp}/in", extra=[BAD_LINE])
+    p = script(tmp, source_ddl(src) + delta_ddl(f"{tmp}/out") + INSERT_ALL)
+    return ["run", p, "--batch", "--strict"], {"src": src}, lambda: tree(f"{tmp}/out") == []
+
+
+def bad_record_without_dead_letter(tmp):
+    src = debezium_input(f"{tmp}/in", extra=[BAD_LINE])
+    p = script(tmp, source_ddl(src) + delta_ddl(f"{tmp}/out") + INSERT_ALL)
+    return ["run", p, "--batch"], {"p": p, "src": src}, lambda: tree(f"{tmp}/out") == []
+
+
+def existing_table_of_other_columns(tmp):
+    import pandas as pd
+    from deltalake import write_deltalake
+    write_deltalake(f"{tmp}/out", pd.DataFrame({"id": [9], "label": ["x"]}))
+    before = tree(f"{tmp}/out")
+    p = script(tmp, source_ddl(_with_input(tmp)) + delta_ddl(f"{tmp}/out") + INSERT_ALL)
+    return ["run", p, "--batch"], {"p": p}, lambda: tree(f"{tmp}/out") == before
+
+
+def second_insert_fails(tmp):
+    import pandas as pd
+    from deltalake import write_deltalake
+    write_deltalake(f"{tmp}/b", pd.DataFrame({"id": [9], "label": ["x"]}))
+    before = tree(f"{tmp}/b")
+    p = script(tmp, source_ddl(_with_input(tmp)) + delta_ddl(f"{tmp}/a", name="a")
+               + delta_ddl(f"{tmp}/b", name="b")
+               + "INSERT INTO a SELECT id, name, amount FROM src;\n"
+               + "INSERT INTO b SELECT id, name, amount FROM src;\n")
+    return (["run", p, "--batch", "--no-progress"], {"p": p},
+            lambda: tree(f"{tmp}/b") == before and "_delta_log/00000000000000000000.json"
+            in tree(f"{tmp}/a"))
+
+
+def explain_without_insert(tmp):
+    p = script(tmp, source_ddl(_with_input(tmp)))
+    return ["explain", p], {"p": p}, None
+
+
+def postgres_unreachable(tmp):
+    p = script(tmp, source_ddl(_with_input(tmp))
+               + "CREATE TABLE out (id BIGINT, name STRING, amount BIGINT, PRIMARY KEY (id) NOT "
+                 "ENFORCED)\n  WITH ('connector' = 'jdbc', 'url' = "
+                 "'jdbc:postgresql://127.0.0.1:9/nodb', 'username' = 'u');\n" + INSERT_ALL)
+    return ["run", p, "--batch"], {"p": p}, None
+
+
+WITH_SPARK = [
+    Mistake("STRING into a BIGINT sink column", string_into_bigint,
+            "error: {p}:5:1: INSERT INTO out: column name is STRING in the query but BIGINT in "
+            "the table, and STRING values cannot be stored as BIGINT (CAST it in the SELECT, or "
+            "declare the column STRING)", 2, spark=True),
+    Mistake("STRING into a BIGINT sink column, explain",
+            lambda tmp: string_into_bigint(tmp, "explain"),
+            "error: {p}:5:1: INSERT INTO out: column name is STRING in the query but BIGINT in "
+            "the table, and STRING values cannot be stored as BIGINT (CAST it in the SELECT, or "
+            "declare the column STRING)", 2, spark=True),
+    Mistake("unknown table", unknown_table,
+            "error: {p}:5:46: unknown table or view 'srcs' (defined: src, out)", 2, spark=True),
+    Mistake("unknown column", unknown_column,
+            "error: {p}:5:28: unknown column 'nam' (available: src.id, src.name, src.amount)", 2, spark=True),
+    Mistake("a CAST that fails at run time", cast_fails_at_run_time,
+            "error: INSERT INTO out ({p} line 5): a value does not fit its column's type: The "
+            "value 'ann' of the type \"STRING\" cannot be cast to \"BIGINT\" because it is "
+            "malformed. Correct the value as per the syntax, or change its target type. Use "
+            "`try_cast` to tolerate malformed input and return NULL instead.", 1, spark=True),
+    Mistake("an invalid record under --strict", strict_bad_record,
+            "error: invalid change record in file:{src}/part-0.json line 4: field 'op': unknown "
+            "value \"x\" (expected c, r, u or d); record: "
+            + BAD_LINE.replace("{", "{{").replace("}", "}}"), 1, spark=True),
+    Mistake("an invalid record and no --dead-letter", bad_record_without_dead_letter,
+            "error: INSERT INTO out ({p} line 5): 1 invalid input row(s) and no dead-letter "
+            "directory; the first: {src}/part-0.json:4: field 'op': unknown value \"x\" "
+            "(expected c, r, u or d)", 1, spark=True),
+    Mistake("a sink table not written by spark-changelog", existing_table_of_other_columns,
+            "error: INSERT INTO out ({p} line 5): Delta table at '{tmp}/out' has no primary key "
+            "recorded (table property 'spark_changelog.primary_key'); it was not created by "
+            "DeltaUpsertSink. Pass adopt_existing=True to record key ['id'] in it.", 1,
+            spark=True),
+    Mistake("the second INSERT fails", second_insert_fails,
+            "error: INSERT INTO b ({p} line 8): Delta table at '{tmp}/b' has no primary key "
+            "recorded (table property 'spark_changelog.primary_key'); it was not created by "
+            "DeltaUpsertSink. Pass adopt_existing=True to record key ['id'] in it.", 1,
+            spark=True, also=("== INSERT INTO a ==", "table: 2 upserted, 0 deleted",
+                              "  already written: INSERT INTO a (line 7), finished",
+                              "  nothing of this INSERT was written")),
+    Mistake("explain of a script without INSERT", explain_without_insert,
+            "error: {p} has no INSERT INTO or EXPLAIN statement", 2, spark=True),
+    Mistake("PostgreSQL sink unreachable", postgres_unreachable,
+            "error: INSERT INTO out ({p} line 5): cannot reach PostgreSQL: connection failed: "
+            "connection to server at \"127.0.0.1\", port 9 failed: Connection refused", 1,
+            spark=True),
+]
+
+
+@pytest.mark.parametrize("m", WITH_SPARK, ids=[m.name for m in WITH_SPARK])
+def test_mistake_with_spark(m, spark, tmp, capsys):
+    check(m, tmp, capsys)
