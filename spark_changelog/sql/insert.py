@@ -14,6 +14,7 @@ from ..plan.rules import PlanError
 from .context import Context, column_types
 from .errors import UnsupportedFeature
 from .expressions import normal_type
+from .history_sink import history_sink
 from .preflight import sink_type_problem
 from .relation import Relation
 from .script import InsertDef, Position, TableDef
@@ -126,8 +127,11 @@ def plan_insert(ctx: Context, tables: dict, ins: InsertDef,
             "SET 'table.exec.sink.upsert-materialize' = 'none' disables it (Flink 2.3 ignores "
             "the clause silently, FLINK-41007): use 'auto' or 'force', or drop ON CONFLICT",
             ins.position)
+    history = history_sink(ctx, table)    # None unless the table holds a history
+    physical = tuple(c for c in table.physical_columns
+                     if history is None or c.name not in history.columns)
     rel = query(ins.query, ins.position)
-    targets = ins.columns or tuple(c.name for c in table.physical_columns)
+    targets = ins.columns or tuple(c.name for c in physical)
     unknown = [c for c in targets if c not in table.column_names]
     if unknown:
         raise ctx.error(f"INSERT INTO {table.name}: unknown column(s) {unknown}",
@@ -137,14 +141,14 @@ def plan_insert(ctx: Context, tables: dict, ins: InsertDef,
             f"INSERT INTO {table.name}: the query has {len(rel.fields)} column(s) "
             f"({', '.join(f.name for f in rel.fields)}), the table takes {len(targets)} "
             f"({', '.join(targets)})", ins.position)
-    if ins.columns and len(targets) != len(table.physical_columns):
-        missing = [c.name for c in table.physical_columns if c.name not in targets]
+    if ins.columns and len(targets) != len(physical):
+        missing = [c.name for c in physical if c.name not in targets]
         raise ctx.error(f"INSERT INTO {table.name}: column(s) {missing} get no value "
                         "(partial inserts are not supported)", ins.table_position)
     types = column_types(rel.stream)
     named, identity = {}, True
     by_target = dict(zip(targets, rel.fields))
-    for c in table.physical_columns:
+    for c in physical:
         f = by_target[c.name]
         problem = sink_type_problem(c.name, types.get(f.column, "void"), c.spark_type, table.name)
         if problem:
@@ -158,6 +162,8 @@ def plan_insert(ctx: Context, tables: dict, ins: InsertDef,
     stream = rel.stream
     if not (identity and tuple(stream.schema.columns) == tuple(named)):
         stream = ctx.select(stream, named, ins.position)
+    if history is not None:
+        stream = history.apply(stream)
     if ctx.settings.mini_batch:
         stream = stream.with_mini_batch()
     planned = PlannedInsert(ins, table, stream, ctx.settings)

@@ -47,14 +47,17 @@ FILESYSTEM_FORMATS = {
     "avro": ("changelog", "avro"),
 }
 CONNECTORS = ("filesystem", "delta", "jdbc", "postgres", "print", "blackhole")
+#: a sink table that holds the SCD type 2 history of what is inserted (sql/history_sink.py)
+HISTORY_OPTIONS = ("spark-changelog.scd-type", "spark-changelog.track-history",
+                   "spark-changelog.ignore-null-updates", "spark-changelog.sequence-by")
 #: the WITH options each connector takes besides 'connector' (and 'path'/'format')
 CONNECTOR_OPTIONS = {
     "filesystem": ("changelog.kind-column", "changelog.seq-column", "csv.field-delimiter",
                    "csv.quote-character", "csv.escape-character",
                    "source.max-files-per-trigger", "source.monitor-interval", "source.ordered",
                    "changelog.mode"),
-    "delta": (),
-    "postgres": ("url", "table-name", "username", "password"),
+    "delta": HISTORY_OPTIONS,
+    "postgres": ("url", "table-name", "username", "password") + HISTORY_OPTIONS,
     "print": ("print-identifier",),
     "blackhole": (),
 }
