@@ -6,7 +6,10 @@ the same arguments, by the same names, build a plan on a
 :class:`~spark_changelog.api.ChangelogStream` and run it into an upsert sink
 (a Delta path or a PostgreSQL table), exactly once:
 
-* type 1: ChangelogNormalize (keep the last change per key, by sequence);
+* type 1: ChangelogNormalize (keep the last change per key, by sequence),
+  or, with partial updates or a sequence of several columns,
+  :class:`~spark_changelog.operators.scd2.ScdType1Table` (the current
+  versions of the history);
 * type 2: :class:`~spark_changelog.operators.scd2.ScdType2History` (one row
   per version, ``__START_AT``/``__END_AT``), written to a table keyed by the
   keys and ``__START_AT``.
@@ -19,6 +22,7 @@ line) then orders the changes.
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Optional, Sequence, Union
 
@@ -86,25 +90,23 @@ def auto_cdc_stream(source, keys: Names, sequence_by=None, apply_as_deletes=None
         columns = tuple(c for c in have if c not in set(except_column_list))
     else:
         columns = tuple(have)
-    if scd == "1":
-        if ignore_null_updates:
-            raise ValueError("ignore_null_updates is supported with stored_as_scd_type=2 (the "
-                             "history keeps every change, so a late change re-fills later "
-                             "nulls exactly); the type 1 table keeps only the last row")
-        if len(seq) > 1:
-            raise ValueError("stored_as_scd_type=1 orders by one sequence column (or the source "
-                             "sequence); a struct sequence needs stored_as_scd_type=2")
-    if apply_as_deletes is not None or apply_as_truncates is not None or (scd == "1" and seq):
+    # type 1 is ChangelogNormalize (one state row per key) where it is exact:
+    # no partial updates, one sequence column (it becomes _seq)
+    normalize = scd == "1" and not ignore_null_updates and len(seq) <= 1
+    if apply_as_deletes is not None or apply_as_truncates is not None or (normalize and seq):
         stream = stream.apply_as(apply_as_deletes, apply_as_truncates, key=keys, sequence_by=seq,
-                                 resequence=scd == "1" and bool(seq))
-    if scd == "1":
+                                 resequence=normalize and bool(seq))
+    if normalize:
         if columns != tuple(have):
             stream = stream.select(*columns)
         return stream.normalize(keys, key_groups=key_groups)
-    return stream.history(keys, sequence_by=seq, columns=columns,
-                          track_history=track_history_column_list,
-                          track_history_except=track_history_except_column_list,
-                          ignore_null_updates=ignore_null_updates, key_groups=key_groups)
+    history = stream.history(keys, sequence_by=seq, columns=columns,
+                             track_history=track_history_column_list,
+                             track_history_except=track_history_except_column_list,
+                             ignore_null_updates=ignore_null_updates, key_groups=key_groups)
+    if scd == "1":      # the current versions: ScdType1Table
+        return stream._derive(dataclasses.replace(history.node, scd_type=1))
+    return history
 
 
 def create_auto_cdc_flow(target, source, keys: Names, sequence_by=None, apply_as_deletes=None,

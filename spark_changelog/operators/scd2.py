@@ -222,4 +222,30 @@ class ScdType2History(KeyedOperator):
         return out[list(self.output_schema.names)]
 
 
-__all__ = ["ScdType2History"]
+class ScdType1Table(ScdType2History):
+    """The table (SCD type 1) of the same changes: each key's current version,
+    keyed by the key (``+I``/``-U``/``+U``/``-D`` per key).
+
+    For the cases ChangelogNormalize cannot serve exactly: partial updates
+    (``ignore_null_updates``: a late change re-fills the nulls of the changes
+    after it, so the state must keep the changes, as the history does) and a
+    sequence of several columns.  Otherwise ChangelogNormalize is the type 1
+    table with one state row per key, and Auto CDC uses it (docs/operators.md,
+    "Auto CDC")."""
+
+    name = "ScdType1Table"
+
+    def __init__(self, input_schema: pa.Schema, key: Sequence[str], **options):
+        super().__init__(input_schema, key, **options)
+        self.history_key = self.key
+        self._output_schema = pa.schema([input_schema.field(c) for c in self.columns]
+                                        + [pa.field(KIND_COL, pa.int8()),
+                                           pa.field(SEQ_COL, pa.int64())])
+
+    def versions(self, changes: pd.DataFrame) -> pd.DataFrame:
+        """The current version of each key that is not deleted."""
+        out = super().versions(changes)
+        return out[out[self.end_columns[0]].isna().to_numpy()].reset_index(drop=True)
+
+
+__all__ = ["ScdType2History", "ScdType1Table"]

@@ -70,9 +70,9 @@ def _truncates_as_deletes(df, node: ApplyAs):
 
 
 def lower_history(node: History, inp, keyed):
-    """The history operator over the history's columns (and the sequence
-    columns): one keyed step."""
-    from ..operators.scd2 import ScdType2History
+    """The history operator (or the type 1 table of the same changes) over
+    the history's columns and the sequence columns: one keyed step."""
+    from ..operators.scd2 import ScdType1Table, ScdType2History
     from .lower import data_rows
     columns = node.data_columns
     keep = list(dict.fromkeys(list(columns) + list(node.sequence_by)))
@@ -81,7 +81,8 @@ def lower_history(node: History, inp, keyed):
     if list(df.columns) != wanted:
         df = df.select(*wanted)
         inp = dataclasses.replace(inp, df=df, reader=None)
-    op = ScdType2History(arrow_schema_of(data_rows(df)), node.key, sequence_by=node.sequence_by,
+    cls = ScdType2History if node.scd_type == 2 else ScdType1Table
+    op = cls(arrow_schema_of(data_rows(df)), node.key, sequence_by=node.sequence_by,
                          columns=columns, track_history=node.track_history,
                          ignore_null_updates=node.ignore_null_updates)
     return keyed(inp, df, op, node.key_groups)

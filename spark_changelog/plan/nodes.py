@@ -431,6 +431,9 @@ class History(_Unary):
     track_history: Optional[Key] = None
     ignore_null_updates: bool = False
     key_groups: Optional[int] = None
+    #: 1: only each key's current version, keyed by the key (ScdType1Table:
+    #: the type 1 table where partial updates need the changes kept)
+    scd_type: int = 2
 
     @property
     def data_columns(self) -> Key:
@@ -448,20 +451,23 @@ class History(_Unary):
 
     @property
     def history_key(self) -> Key:
-        return tuple(self.key) + self.history_columns[0]
+        return tuple(self.key) + (self.history_columns[0] if self.scd_type == 2 else ())
 
     def label(self) -> str:
+        nulls = ", ignoreNullUpdates=[true]" if self.ignore_null_updates else ""
+        sequence = f"sequenceBy={fmt_key(self.sequence_by or ('_seq',))}"
+        if self.scd_type == 1:
+            return f"ScdType1Table(key={fmt_key(self.key)}, {sequence}{nulls})"
         tracked = self.track_history if self.track_history is not None else tuple(
             c for c in self.data_columns if c not in self.key)
         return (f"ScdType2History(key={fmt_key(self.key)}, historyKey={fmt_key(self.history_key)}, "
-                f"sequenceBy={fmt_key(self.sequence_by or ('_seq',))}, "
-                f"trackHistory={fmt_key(tracked)}"
-                + (", ignoreNullUpdates=[true]" if self.ignore_null_updates else "") + ")")
+                f"{sequence}, trackHistory={fmt_key(tracked)}{nulls})")
 
     def derive_traits(self) -> Traits:
         start, end = self.history_columns
         hk = self.history_key
-        return Traits(self.data_columns + start + end, ChangelogMode.RETRACT, (hk,), hk,
+        cols = self.data_columns + ((start + end) if self.scd_type == 2 else ())
+        return Traits(cols, ChangelogMode.RETRACT, (hk,), hk,
                       frozenset(), self.input.traits.has_watermark, primary_key=hk)
 
 

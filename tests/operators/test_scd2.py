@@ -131,3 +131,19 @@ def test_any_interleaving_gives_the_in_order_history(changes, data, options):
     batches = [[r for _, r in b] for b in batches_of(list(arrival) + repeats, cuts)]
     got, _ = run(batches, **options)
     assert got[-1] == in_order[-1]
+
+
+def test_type_1_table_with_partial_updates_out_of_order():
+    """ScdType1Table: the current row per key; a late change re-fills the
+    nulls of the changes after it (the in-order run's table)."""
+    from spark_changelog.operators.scd2 import ScdType1Table
+    runner = LocalRunner(ScdType1Table(SCHEMA, ["id"], ignore_null_updates=True))
+    out1 = runner.run_batch(to_frame([["+I", [1, "a", "x"], 10], ["+U", [1, None, "y"], 30],
+                                      ["+I", [2, "p", "q"], 5]], COLS))
+    out2 = runner.run_batch(to_frame([["+U", [1, "b", None], 20], ["-D", [2, None, None], 7]],
+                                     COLS))
+    rows = lambda out: [[int(k), [_value(v) for v in r]] for k, *r in  # noqa: E731
+                        out[[KIND_COL] + COLS].itertuples(index=False)]
+    assert list(out1.columns) == COLS + [KIND_COL, SEQ_COL]
+    assert rows(out1) == [[0, [1, "a", "y"]], [0, [2, "p", "q"]]]
+    assert rows(out2) == [[1, [1, "a", "y"]], [2, [1, "b", "y"]], [3, [2, "p", "q"]]]

@@ -131,7 +131,7 @@ def test_cli_normalize_scd_type_2_over_debezium(tmp_path, capsys):
 
 EVENTS = [  # id, name, ts, op  (T: truncate, D: delete)
     (3, "d", 15, "U"), (1, "c", 30, "U"), (None, None, 20, "T"), (1, "a", 10, "U"),
-    (2, "b", 11, "U"), (2, None, 25, "D"), (2, "e", 40, "U"),
+    (2, "b", 11, "U"), (2, None, 25, "D"), (2, "e", 40, "U"), (1, None, 35, "U"),
 ]
 
 
@@ -146,13 +146,18 @@ def test_create_auto_cdc_flow_deletes_and_truncates(spark, tmp_path):
 
     create_auto_cdc_flow(str(tmp_path / "h"), df, stored_as_scd_type=2, **opts)
     h = read_table(str(tmp_path / "h")).rename(columns={"ts": "city"})
-    got = sorted(_rows(h))
-    assert got == [[1, "a", 10, 10, 20], [1, "c", 30, 30, None], [2, "b", 11, 11, 20],
-                   [2, "e", 40, 40, None], [3, "d", 15, 15, 20]]     # id, name, ts, start, end
+    assert _rows(h) == [[1, "a", 10, 10, 20], [1, "c", 30, 30, 35], [1, None, 35, 35, None],
+                        [2, "b", 11, 11, 20], [2, "e", 40, 40, None],
+                        [3, "d", 15, 15, 20]]     # id, name, ts, start, end
 
-    create_auto_cdc_flow(str(tmp_path / "t"), df, stored_as_scd_type=1, **opts)
-    t = read_table(str(tmp_path / "t")).sort_values("id")
-    assert t[["id", "name", "ts"]].values.tolist() == [[1, "c", 30], [2, "e", 40]]
+    def table(name, **more):
+        create_auto_cdc_flow(str(tmp_path / name), df, stored_as_scd_type=1, **opts, **more)
+        t = read_table(str(tmp_path / name)).sort_values("id")
+        return t[["id", "name", "ts"]].astype(object).where(t[["id", "name", "ts"]].notna(),
+                                                            None).values.tolist()
+    assert table("t") == [[1, None, 35], [2, "e", 40]]
+    # partial updates: the null name keeps "c" (ScdType1Table)
+    assert table("t_partial", ignore_null_updates=True) == [[1, "c", 35], [2, "e", 40]]
 
 
 SNAPSHOTS = [
