@@ -135,12 +135,12 @@ def cmd_cat(args) -> int:
     if problem:
         raise PathError(f"cannot print table: {problem}",
                         todo="give the directory of a table written by spark-changelog")
-    df = read_table(args.table)
+    from .sinks.delta import read_arrow_table
     from .sinks.text import csv_ready, json_lines
     if args.format == "csv":
-        csv_ready(df).to_csv(sys.stdout, index=False)
+        csv_ready(read_table(args.table)).to_csv(sys.stdout, index=False)
     else:
-        for line in json_lines(df):
+        for line in json_lines(read_arrow_table(args.table)):
             sys.stdout.write(line + "\n")
     return 0
 

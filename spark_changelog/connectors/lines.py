@@ -30,6 +30,18 @@ number per line, in line order) and gives every other line one row with its
 text; rows it finished get ``raw`` NULL, so their text never crosses to the
 JVM.  The other lines' decisions (validation, dead letters) stay in Spark.
 
+Compressed files
+----------------
+A file whose name ends in ``.gz``/``.gzip``, ``.bz2``, ``.xz``, ``.zst``/``.zstd``
+or ``.deflate`` is decompressed by its extension, as Flink's file source does
+(:data:`COMPRESSIONS`).  A compressed stream cannot be entered in the middle,
+so such a file is one range (:func:`split_size_sql`): its task reads the file
+once, decompresses it in memory and numbers its lines like any other file's
+(line numbers are those of the decompressed text).  A file that fails to
+decompress gives ONE row, line 0, whose ``raw`` is ``UNREADABLE_PREFIX`` and
+the reason: the formats turn it into one dead letter naming the file (never
+its bytes on the terminal).
+
 Normalisation (as documented for the readers): a UTF-8 byte-order mark at the
 start of a file is dropped, ``\\r\\n`` line ends count as ``\\n`` (a lone ``\\r``
 stays part of the line), and blank (whitespace-only) lines after the last
@@ -55,6 +67,31 @@ _BLANK = b" \t\r\n"
 _CHUNK = 1 << 20
 #: lines per Arrow batch a range task yields
 _BATCH_LINES = 32768
+#: file name ending -> how its bytes are compressed (``None``: Python's zlib/lzma)
+COMPRESSIONS = {".gz": "gzip", ".gzip": "gzip", ".bz2": "bz2", ".zst": "zstd", ".zstd": "zstd",
+                ".xz": None, ".deflate": None}
+_COMPRESSED_SQL = "(?i).*(" + "|".join(re.escape(e) for e in COMPRESSIONS) + ")$"
+#: ``raw`` of the one row of a file that cannot be decompressed (then the reason)
+UNREADABLE_PREFIX = "cannot decompress this file: "
+
+
+def compression_of(path: str) -> Optional[str]:
+    """The extension of ``path`` if it names a compressed file (``.gz``, ...), else None."""
+    lower = path.lower()
+    return next((e for e in COMPRESSIONS if lower.endswith(e)), None)
+
+
+def decompress(data: bytes, extension: str) -> bytes:
+    """The decompressed bytes of a whole file compressed as ``extension`` says."""
+    codec = COMPRESSIONS[extension]
+    if codec is not None:
+        with pa.CompressedInputStream(pa.BufferReader(data), codec) as stream:
+            return stream.read()
+    if extension == ".xz":
+        import lzma
+        return lzma.decompress(data)
+    import zlib
+    return zlib.decompress(data)
 
 
 def file_number(path: str) -> int:
@@ -103,7 +140,9 @@ def read_lines(spark, path: Union[str, Sequence[str]], *, streaming: bool = Fals
         files = spark.read.format("binaryFile").load(paths)
     max_split = max(1, int(_bytes(spark.conf.get("spark.sql.files.maxPartitionBytes", "128m"))))
     tasks = max(1, int(spark.sparkContext.defaultParallelism))
-    ranges = files.selectExpr("path", "length", split_size_sql("length", tasks, max_split) + " AS split")
+    ranges = files.selectExpr(
+        "path", "length", f"CASE WHEN path RLIKE '{_COMPRESSED_SQL}' THEN greatest(length, 1) ELSE "
+        + split_size_sql("length", tasks, max_split) + " END AS split")
     ranges = ranges.selectExpr(
         "path", "length", "split",
         "posexplode(sequence(0, greatest(length - 1, 0), split)) AS (range_no, start)",
@@ -164,8 +203,32 @@ class RangeReader:
 
     def read_range(self, path: str, length: int, start: int, end: int) -> Iterator[pa.RecordBatch]:
         fs, local = _filesystem(path)
+        extension = compression_of(path)
+        if extension is not None:
+            yield from self.read_compressed(fs, local, path, extension)
+            return
         with fs.open_input_file(local) as fh:
             yield from lines_of_range(fh, path, length, start, end, self.keep_header, self.schema, self.parser)
+
+    def read_compressed(self, fs, local: str, path: str, extension: str) -> Iterator[pa.RecordBatch]:
+        """A compressed file, whole (one range): read once, decompressed in
+        memory, numbered as any file; one ``UNREADABLE_PREFIX`` row if it
+        does not decompress."""
+        with fs.open_input_file(local) as fh:
+            data = fh.read()
+        try:
+            text = decompress(data, extension)
+        except Exception as e:           # any codec's error: the file is bad, not the run
+            reason = f"{UNREADABLE_PREFIX}{extension} data is corrupt or not {extension} ({type(e).__name__}: {e})"
+            columns = [pa.array([path]), pa.array([file_number(path)], pa.int64()), pa.array([0], pa.int64()),
+                       pa.array([reason[:500]])]
+            if self.keep_header:
+                columns.append(pa.nulls(1, pa.string()))
+            columns += [pa.nulls(1, f.type) for f in self.schema][len(columns):]
+            yield pa.RecordBatch.from_arrays(columns, schema=self.schema)
+            return
+        yield from lines_of_range(pa.BufferReader(text), path, len(text), 0, len(text), self.keep_header,
+                                  self.schema, self.parser)
 
 
 def _filesystem(uri: str):

@@ -89,8 +89,8 @@ def fits(values: np.ndarray, valid: np.ndarray, precision: int) -> np.ndarray:
 
 
 def plain(value: decimal.Decimal) -> str:
-    """A Decimal as Flink prints a ``DecimalData``: plain digits with the
-    type's scale (``1.10``, ``0.0000000000``), never an exponent or a float."""
+    """A Decimal as plain digits with its type's scale (``1.10``,
+    ``0.0000000000``), never an exponent or a float (``cat``)."""
     return format(value, "f")
 
 

@@ -165,7 +165,7 @@ def _arrow_input(table: pa.Table, columns, time_zone: Optional[str]) -> pd.DataF
             table = table.set_column(i, f.name, col.cast(pa.timestamp(f.type.unit, tz="UTC")))
     if KEY_GROUP_COL in table.column_names:
         table = table.drop_columns([KEY_GROUP_COL])
-    return table.to_pandas()
+    return table.to_pandas(maps_as_pydicts="strict")
 
 
 #: the key group of an upstream operator's metric rows: passed through, no state
@@ -436,7 +436,7 @@ def _fold_partition(table: pa.Table, operator: KeyedOperator, extra=None) -> pa.
     is_side = pc.equal(table.column(KIND_COL), METRICS_KIND).to_numpy(zero_copy_only=False)
     data_pos = np.flatnonzero(~is_side)
     small = table.select(columns).take(data_pos)
-    keep = data_pos[operator.prefold_keep(small.to_pandas())]
+    keep = data_pos[operator.prefold_keep(small.to_pandas(maps_as_pydicts="strict"))]
     kept = table.take(np.sort(np.concatenate([np.flatnonzero(is_side), keep])))
     dropped = int(len(data_pos) - len(keep))
     n_ub = int(pc.sum(pc.equal(small.column(KIND_COL), int(RowKind.UPDATE_BEFORE))).as_py() or 0)

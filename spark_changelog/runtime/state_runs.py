@@ -104,7 +104,7 @@ class Run:
     @classmethod
     def from_bytes(cls, run_id: str, blob: bytes, key: Sequence[str]) -> "Run":
         table = pa.ipc.open_stream(pa.BufferReader(blob)).read_all()
-        return cls.build(table.to_pandas(), key, run_id)
+        return cls.build(table.to_pandas(maps_as_pydicts="strict"), key, run_id)
 
 
 def run_schema(state_schema: pa.Schema) -> pa.Schema:

@@ -150,12 +150,18 @@ def read_table(path: "str | os.PathLike", storage_options: Optional[dict] = None
     Integer and boolean columns use pandas' nullable dtypes (``Int64``,
     ``boolean``), whether or not they hold nulls, so types are exact and stable.
     """
+    return read_arrow_table(path, storage_options).to_pandas(
+        types_mapper=_nullable_types).reset_index(drop=True)
+
+
+def read_arrow_table(path: "str | os.PathLike", storage_options: Optional[dict] = None) -> pa.Table:
+    """:func:`read_table` as Arrow (exact values of every type, nested ones too)."""
     dt = _open(os.fspath(path), storage_options)
     key = _recorded_key(dt)
     tbl = dt.to_pyarrow_table()
     if key:
         tbl = tbl.sort_by([(k, "ascending") for k in key])
-    return tbl.to_pandas(types_mapper=_nullable_types).reset_index(drop=True)
+    return tbl
 
 
 class DeltaUpsertSink(UpsertSink):

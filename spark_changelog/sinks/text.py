@@ -14,6 +14,7 @@ import math
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from ..model.decimals import plain
 
@@ -35,32 +36,51 @@ def _java_double(v: float) -> str:
     return ("-" if sign else "") + f"{mantissa}E{exp + len(digits) - 1}"
 
 
+def _java_time(t: datetime.time) -> str:
+    """Java's ``LocalTime.toString``: ``10:00``, ``10:00:01``, ``10:00:00.500``,
+    ``10:00:00.000001`` (fractions in groups of three digits)."""
+    text = f"{t.hour:02d}:{t.minute:02d}"
+    if t.second or t.microsecond:
+        text += f":{t.second:02d}"
+    if t.microsecond:
+        text += "." + (f"{t.microsecond // 1000:03d}" if t.microsecond % 1000 == 0
+                       else f"{t.microsecond:06d}")
+    return text
+
+
 def flink_text(v) -> str:
-    """One value as Flink's ``print`` connector writes it: ``null``,
-    ``true``, integers as integers (never ``3.0``), DECIMAL with its scale
-    (``1.10``), DOUBLE as Java prints it, timestamps ``2021-01-15T10:00:00``."""
+    """One value as Flink 2.3's ``print`` connector writes it (checked against
+    a Flink run, ``tests/sinks/test_text.py``): ``null``, ``true``, integers
+    as integers (never ``3.0``), DECIMAL as Java's ``BigDecimal.toString``
+    (``1.10``, ``1E-10``: exact, the same algorithm as Python's), DOUBLE as
+    ``Double.toString``, TIMESTAMP as ``LocalDateTime.toString`` in UTC
+    (``2024-01-02T10:00:00.500``), DATE ``2024-01-01``, TIME ``10:11:12``,
+    BYTES as Java's signed byte list ``[0, -1]``, ARRAY ``[1, 2]``, MAP
+    ``{a=1}``, ROW ``+I[1, b]``."""
     if v is None:
         return "null"
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, decimal.Decimal):
-        return plain(v)
+        return str(v)
     if isinstance(v, float):
         return _java_double(v)
     if isinstance(v, datetime.datetime):
         if v.tzinfo is not None:
             v = v.astimezone(datetime.timezone.utc).replace(tzinfo=None)
-        return v.isoformat()
-    if isinstance(v, (datetime.date, datetime.time)):
+        return v.date().isoformat() + "T" + _java_time(v.time())
+    if isinstance(v, datetime.time):
+        return _java_time(v)
+    if isinstance(v, datetime.date):
         return v.isoformat()
     if isinstance(v, bytes):
-        return "x'" + v.hex() + "'"
+        return "[" + ", ".join(str(b - 256 if b > 127 else b) for b in v) + "]"
     if isinstance(v, list):
         if v and isinstance(v[0], tuple):     # a MAP comes as (key, value) pairs
             return "{" + ", ".join(f"{flink_text(k)}={flink_text(x)}" for k, x in v) + "}"
         return "[" + ", ".join(flink_text(x) for x in v) + "]"
     if isinstance(v, dict):                   # a ROW
-        return "(" + ", ".join(flink_text(x) for x in v.values()) + ")"
+        return "+I[" + ", ".join(flink_text(x) for x in v.values()) + "]"
     return str(v)
 
 
@@ -82,15 +102,20 @@ def json_value(v) -> str:
         return json.dumps(v.hex())
     if isinstance(v, dict):
         return "{" + ",".join(f"{json.dumps(str(k))}:{json_value(x)}" for k, x in v.items()) + "}"
+    if isinstance(v, list) and v and all(isinstance(x, tuple) and len(x) == 2 for x in v):
+        return json_value(dict(v))            # a MAP: (key, value) pairs
     if isinstance(v, (list, tuple, np.ndarray)):
         return "[" + ",".join(json_value(x) for x in v) + "]"
     return json.dumps(v)
 
 
-def json_lines(df: pd.DataFrame):
-    """Each row of ``df`` as one JSON object (``cat --format json``)."""
-    names = [json.dumps(str(c)) for c in df.columns]
-    for row in df.itertuples(index=False):
+def json_lines(table: pa.Table):
+    """Each row of the Arrow ``table`` as one JSON object (``cat --format
+    json``), from its exact Python values (a ROW's integer field stays an
+    integer, a MAP is an object)."""
+    names = [json.dumps(str(c)) for c in table.column_names]
+    columns = [table.column(c).to_pylist() for c in table.column_names]
+    for row in zip(*columns):
         yield "{" + ",".join(f"{n}:{json_value(v)}" for n, v in zip(names, row)) + "}"
 
 

@@ -189,8 +189,9 @@ class Flink(Spark):
     class Tokenizer(Spark.Tokenizer):
         STRING_ESCAPES = ["'"]
         # EXPLAIN and EXECUTE are statements here, not opaque commands
+        # ROW<a INT, b STRING> is Flink's STRUCT (ROW(1, 'b') stays a constructor)
         KEYWORDS = {**{k: v for k, v in Spark.Tokenizer.KEYWORDS.items() if k != "EXPLAIN"},
-                    "BYTES": TokenType.VARBINARY}
+                    "BYTES": TokenType.VARBINARY, "ROW": TokenType.STRUCT}
         COMMANDS = Spark.Tokenizer.COMMANDS - {TokenType.EXECUTE}
 
     Parser = FlinkParser

@@ -104,3 +104,43 @@ def test_split_size_cuts_a_file_into_one_range_per_task(spark):
     got = spark.createDataFrame([(0,), (1000,), (8 << 20,), (52 << 20,), (1 << 30,)], "length BIGINT") \
         .selectExpr(f"{size} AS split").collect()
     assert [r.split for r in got] == [L.MIN_RANGE_BYTES, L.MIN_RANGE_BYTES, 2 << 20, 13 << 20, 128 << 20]
+
+
+# ----------------------------------------------------------------- compressed files
+
+
+def test_compressed_files_read_like_plain_ones_and_a_corrupt_one_is_one_dead_letter(spark, tmp_path):
+    """.gz, .bz2, .zst, .xz and .deflate files are decompressed by extension
+    (one range each): the Debezium reader gives the plain files' rows with the
+    same _seq (file numbers ignore the extensions); a file that does not
+    decompress is ONE invalid row, line 0, naming the file."""
+    import bz2
+    import gzip
+    import lzma
+    import zlib
+
+    import pyarrow as pa
+
+    from spark_changelog.connectors.debezium import read_debezium
+    from test_readers import FIXTURES, PRODUCTS, outputs
+
+    plain = FIXTURES / "debezium" / "changes"
+    want = outputs(read_debezium(spark, str(plain), PRODUCTS, ["id"]))
+    zstd = lambda b: pa.compress(b, "zstd", asbytes=True)  # noqa: E731
+    packers = [(".gz", gzip.compress), (".bz2", bz2.compress), (".zst", zstd), (".xz", lzma.compress),
+               (".deflate", zlib.compress)]
+    files = sorted(plain.iterdir())
+    for i, f in enumerate(files):            # each file with another codec
+        ext, pack = packers[i % len(packers)]
+        (tmp_path / "in").mkdir(exist_ok=True)
+        (tmp_path / "in" / (f.name + ext)).write_bytes(pack(f.read_bytes()))
+    assert outputs(read_debezium(spark, str(tmp_path / "in"), PRODUCTS, ["id"])) == want
+
+    (tmp_path / "in" / "pg-000009.json.gz").write_bytes(b"\x1f\x8b\x08\x00 not really gzip" * 50)
+    res = read_debezium(spark, str(tmp_path / "in"), PRODUCTS, ["id"])
+    changes, invalid, _ = outputs(res)
+    assert changes == want[0]
+    assert invalid == [(0, "malformed JSON: the record does not parse")]
+    raw, file = res.invalid.select("raw", "file").first()
+    assert file.endswith("in/pg-000009.json.gz")
+    assert raw.startswith("cannot decompress this file: .gz data is corrupt or not .gz (")
