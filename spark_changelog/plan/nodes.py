@@ -467,8 +467,15 @@ class History(_Unary):
         start, end = self.history_columns
         hk = self.history_key
         cols = self.data_columns + ((start + end) if self.scd_type == 2 else ())
+        t = self.input.traits
+        notes = ()
+        if not self.sequence_by and t.upsert_key and not set(t.upsert_key) <= set(self.key):
+            notes = (f"ordered by the input's sequence, but the input's upsert key "
+                     f"{fmt_key(t.upsert_key)} is not within the key {fmt_key(self.key)}: the "
+                     "changes of one key may come from several upstream keys whose sequence "
+                     "numbers are not comparable; pass sequence_by",)
         return Traits(cols, ChangelogMode.RETRACT, (hk,), hk,
-                      frozenset(), self.input.traits.has_watermark, primary_key=hk)
+                      frozenset(), t.has_watermark, notes, primary_key=hk)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

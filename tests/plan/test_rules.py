@@ -156,3 +156,18 @@ def test_sink_keys_emitted_once(node, sink_key, once):
     from spark_changelog.plan.rules import sink_keys_emitted_once
     sink = plan_sink(node, sink_key, table="t")
     assert sink_keys_emitted_once(sink) is once
+
+
+def test_history_keys_and_the_note_when_its_sequence_may_not_compare():
+    """History (docs/operators.md, "SCD type 2 history"): the key plus
+    __START_AT is the unique, upsert and primary key; ordered by the input's
+    sequence over an input keyed otherwise, explain notes the risk."""
+    from spark_changelog.plan.nodes import History, Source
+    src = Source("s", ("id", "k", "v"), ("id",))
+    h = History(src, ("id",))
+    assert h.traits.upsert_key == h.traits.primary_key == ("id", "__START_AT")
+    assert h.traits.columns == ("id", "k", "v", "__START_AT", "__END_AT")
+    assert h.traits.notes == ()
+    assert "not comparable" in History(src, ("k",)).traits.notes[0]
+    assert History(src, ("k",), sequence_by=("v",)).traits.notes == ()
+    assert History(src, ("id",), scd_type=1).traits.upsert_key == ("id",)
