@@ -451,3 +451,196 @@ WITH_SPARK = [
 @pytest.mark.parametrize("m", WITH_SPARK, ids=[m.name for m in WITH_SPARK])
 def test_mistake_with_spark(m, spark, tmp, capsys):
     check(m, tmp, capsys)
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+FILTERED = "INSERT INTO out SELECT id, name, amount FROM src WHERE amount > {bound};\n"
+GROUPED = ("CREATE TABLE totals (name STRING, total BIGINT, PRIMARY KEY (name) NOT ENFORCED)\n"
+           "  WITH ('connector' = 'delta', 'path' = '{out}');\n"
+           "INSERT INTO totals SELECT name, SUM(amount) AS total FROM src GROUP BY name;\n")
+
+
+def streaming_project(tmp, bound=0):
+    """A streaming job run once: its checkpoint and table exist."""
+    src = _with_input(tmp)
+    p = script(tmp, source_ddl(src) + delta_ddl(f"{tmp}/out") + FILTERED.format(bound=bound))
+    assert main(["run", p, "--checkpoint", f"{tmp}/ck", "--no-progress"]) == 0
+    return p
+
+
+def checkpoint_state_changed(tmp):
+    """The same checkpoint, now a GROUP BY: its state cannot follow."""
+    streaming_project(tmp)
+    before = tree(f"{tmp}/out")
+    p = script(tmp, source_ddl(f"{tmp}/in") + GROUPED.format(out=f"{tmp}/out"), "v2.sql")
+    return (["run", p, "--checkpoint", f"{tmp}/ck", "--no-progress"], {},
+            lambda: tree(f"{tmp}/out") == before)
+
+
+def checkpoint_moved(tmp):
+    """A project directory (inputs, checkpoint, table) copied elsewhere."""
+    streaming_project(f"{tmp}/a") if os.makedirs(f"{tmp}/a") is None else None
+    shutil.copytree(f"{tmp}/a", f"{tmp}/b")
+    shutil.rmtree(f"{tmp}/a")
+    p = script(f"{tmp}/b", source_ddl(f"{tmp}/b/in") + delta_ddl(f"{tmp}/b/out")
+               + FILTERED.format(bound=0))
+    before = tree(f"{tmp}/b/out")
+    return (["run", p, "--checkpoint", f"{tmp}/b/ck", "--no-progress"], {"p": p},
+            lambda: tree(f"{tmp}/b/out") == before)
+
+
+WITH_CHECKPOINT = [
+    Mistake("checkpoint of another query (state changed)", checkpoint_state_changed,
+            "error: checkpoint {tmp}/ck/query: the query changed in a way its state cannot "
+            "follow (a stateful operator, its key or its input columns changed)", 4, spark=True,
+            also=("  in the script, not in the checkpoint: GroupAggregate(groupBy=[name], "
+                  "select=[name, SUM(amount) AS total]) input columns=[['id', 'name', 'amount']]",
+                  "  what to do: either run the script that wrote this checkpoint (its plan is "
+                  "in {tmp}/ck/query/plan-fingerprint.json); or start a new --checkpoint DIR, "
+                  "which reads all input again (write to a new table, or empty this one first: "
+                  "its rows stay); or delete the checkpoint and the table and run again")),
+    Mistake("checkpoint moved with its project", checkpoint_moved,
+            "error: INSERT INTO out ({p} line 5): the checkpoint lists input files it read at "
+            "{tmp}/a/in, which is not where the source is now (the directory was moved or "
+            "copied)", 4, spark=True),
+]
+
+
+@pytest.mark.parametrize("m", WITH_CHECKPOINT, ids=[m.name for m in WITH_CHECKPOINT])
+def test_mistake_with_a_checkpoint(m, spark, tmp, capsys):
+    check(m, tmp, capsys)
+
+
+def test_a_changed_filter_is_allowed_with_a_warning_of_what_is_not_redone(spark, tmp, capsys):
+    from spark_changelog.sinks.delta import read_table
+    streaming_project(tmp, bound=0)
+    p = script(tmp, source_ddl(f"{tmp}/in") + delta_ddl(f"{tmp}/out") + FILTERED.format(bound=12),
+               "v2.sql")
+    capsys.readouterr()
+    assert main(["run", p, "--checkpoint", f"{tmp}/ck", "--no-progress"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == (
+        "warning: the query changed since this checkpoint was written (was Calc(where=[`amount` "
+        "> 0]); now Calc(where=[`amount` > 12])): the state is kept and only input not yet read "
+        "goes through the new query; rows already written are not redone (rows a new filter "
+        "excludes stay in the table); for the new query over all input, start a new "
+        "--checkpoint and a new table")
+    # ann (15) and bob (20) were written under the old filter and stay
+    assert read_table(f"{tmp}/out")[["id", "amount"]].values.tolist() == [[1, 15], [2, 20]]
+    with open(f"{tmp}/ck/query/plan-fingerprint.json") as f:
+        assert any("`amount` > 12" in line for line in json.load(f)["plan"])
+
+
+# --------------------------------------------------------------------------- Ctrl-C
+
+
+def test_ctrl_c_during_a_micro_batch_stops_at_its_end_with_how_to_resume(spark, tmp, capsys):
+    """SIGINT to a real ``spark-changelog run`` while a micro-batch runs (its
+    offsets are logged, its commit is not): that batch finishes and is
+    committed whole, no other starts, the process says how to resume and exits
+    130 without a traceback; the second run resumes and the table is exact."""
+    from spark_changelog.sinks.delta import read_table
+    src = f"{tmp}/in"
+    files = 4
+    os.makedirs(src)
+    for i in range(files):      # one file per micro-batch, in this order
+        with open(f"{src}/part-{i}.json", "w") as f:
+            for k in range(3):
+                f.write(json.dumps({"before": None, "after": {"id": 10 * i + k, "name": f"n{i}",
+                                                              "amount": k},
+                                    "op": "c", "source": {"lsn": 10 * i + k}}) + "\n")
+        os.utime(f"{src}/part-{i}.json", (1_000_000 + i, 1_000_000 + i))
+    p = script(tmp, source_ddl(src).replace("'format' = 'debezium-json'",
+                                            "'format' = 'debezium-json', "
+                                            "'source.max-files-per-trigger' = '1'")
+               + delta_ddl(f"{tmp}/out") + INSERT_ALL)
+    env = dict(os.environ, SPARK_CHANGELOG_LOG=f"{tmp}/spark.log")
+    exe = os.path.join(os.path.dirname(sys.executable), "spark-changelog")
+    argv = [exe, "run", p, "--checkpoint", f"{tmp}/ck", "--no-progress"]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    second = f"{tmp}/ck/query/main/offsets/1"    # batch 1 has started
+    deadline = time.time() + 240
+    while not os.path.exists(second) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, proc.communicate()
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    lines = err.splitlines()
+    assert lines[0] == "stopping at the end of the current micro-batch (Ctrl-C again to stop at once)"
+    # batch 1 finished if its sink step had begun, else it is redone on resume
+    committed = sorted(int(n) for n in os.listdir(f"{tmp}/ck/query/main/commits")
+                       if n.isdigit())
+    n = len(committed)
+    assert committed == list(range(n)) and n in (1, 2), committed
+    assert lines[-3] == (f"interrupted: INSERT INTO out ({p} line 5): stopped by Ctrl-C after {n} "
+                         "micro-batch(es), at a micro-batch boundary")
+    assert lines[-2] == (f"  this INSERT committed {n} micro-batch(es) before it stopped (each "
+                         "whole); a second run resumes after them")
+    assert lines[-1] == (f"  what to do: run the same command again (same --checkpoint {tmp}/ck) "
+                         "to resume; finished INSERTs are not redone")
+    # whole micro-batches only: the first n files' rows
+    assert sorted(read_table(f"{tmp}/out")["id"].tolist()) == [10 * i + k for i in range(n)
+                                                               for k in range(3)]
+    # resumed in this process (the test session)
+    assert main(argv[1:]) == 0, capsys.readouterr().err
+    assert sorted(read_table(f"{tmp}/out")["id"].tolist()) == [10 * i + k for i in range(files)
+                                                               for k in range(3)]
+
+
+# --------------------------------------------------------------------------- the log, --verbose
+
+
+def test_the_traceback_goes_to_the_log_file_or_with_verbose_to_the_terminal(tmp, capsys,
+                                                                            monkeypatch):
+    monkeypatch.setenv("SPARK_CHANGELOG_LOG", f"{tmp}/spark.log")
+    assert main(["cat", f"{tmp}/nope"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    with open(f"{tmp}/spark.log") as f:
+        log = f.read()
+    assert f"==== spark-changelog cat {tmp}/nope failed at " in log
+    assert "Traceback (most recent call last)" in log and "PathError" in log
+    assert main(["--verbose", "cat", f"{tmp}/nope"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("Traceback (most recent call last)")
+    assert err.splitlines()[-2].startswith("error: cannot print table: ")
+
+
+# --------------------------------------------------------------------------- sorting
+
+
+def sorted_as(err):
+    from spark_changelog.errors import as_user_error
+    e = as_user_error(err)
+    return e.render().splitlines()[0], e.exit_code
+
+
+def test_errors_of_the_disk_and_the_libraries_are_sorted_in_one_place():
+    import errno
+    # a full disk during a write (deltalake reports the OS error in its text)
+    assert sorted_as(OSError(errno.ENOSPC, "No space left on device", "/data/t/part-0.parquet")) \
+        == ("error: no space left on the device: /data/t/part-0.parquet", 1)
+    assert sorted_as(OSError("Generic LocalFileSystem error: IO error for operation on "
+                             "/t/_delta_log: Not a directory (os error 20)")) == \
+        ("error: a path component is a file, not a directory: /t/_delta_log", 1)
+    assert sorted_as(OSError(errno.EROFS, "Read-only file system", "/mnt/t")) == \
+        ("error: the file system is read-only: /mnt/t", 1)
+    # ANSI colour codes of a library's message never reach the terminal
+    assert sorted_as(ValueError("\x1b[31m↳\x1b[0m bad value")) == ("error: ↳ bad value", 1)
+    # a Python worker's error inside Spark's text: its last line, not the JVM's trace
+    text = ("org.apache.spark.api.python.PythonException: Traceback (most recent call last):\n"
+            '  File "x.py", line 1, in f\n'
+            "spark_changelog.operators.sink_upsert_materializer.PrimaryKeyConstraintViolation: "
+            "Primary key constraint violation (ON CONFLICT DO ERROR): key (1)\n"
+            "\tat org.apache.spark.Foo(Foo.scala:1)")
+    from spark_changelog.errors import _python_worker_error
+    found = _python_worker_error(text)
+    assert (found.render().splitlines()[0], found.exit_code) == (
+        "error: Primary key constraint violation (ON CONFLICT DO ERROR): key (1)", 1)
+    # a bug of ours says so and where its traceback is
+    first, code = sorted_as(KeyError("x"))
+    assert first == "error: internal error: KeyError: 'x'" and code == 1

@@ -391,34 +391,32 @@ def run_to_sink(df, table, *, key, schema: pa.Schema, checkpoint: Optional[str] 
     main_ck = os.path.join(checkpoint, "main")
 
     failure: list = []
-    batch_running = threading.Event()
+    stop = threading.Event()      # set by Ctrl-C: no further micro-batch starts
 
     def main_batch(bdf, batch_id):
-        batch_running.set()
         try:
+            if stop.is_set():
+                # before this batch touches state or a sink: it is redone on resume
+                raise _StopRequested()
             handle(bdf.toArrow(), int(batch_id), _query_id(main_ck))
         except Exception as err:    # re-raised as itself below, not as Spark's wrapper
             failure.append(err)
             raise
-        finally:
-            batch_running.clear()
 
     query = (df.writeStream.foreachBatch(main_batch)
              .option("checkpointLocation", main_ck)
              .trigger(availableNow=True).start())
     try:
-        with operator_errors(), _stop_on_ctrl_c() as ctrl_c:
+        with operator_errors(), _stop_on_ctrl_c(stop):
             try:
-                while not query.awaitTermination(0.2):
-                    if ctrl_c.is_set() and not batch_running.is_set():
-                        # between micro-batches: what is written is a whole batch
-                        report.interrupted = True
-                        query.stop()
-                        break
+                query.awaitTermination()
             except Exception as err:
-                if failure:
+                if failure and isinstance(failure[0], _StopRequested):
+                    report.interrupted = True
+                elif failure:
                     raise failure[0] from err
-                raise
+                else:
+                    raise
     finally:
         if query.isActive:
             query.stop()
@@ -426,14 +424,17 @@ def run_to_sink(df, table, *, key, schema: pa.Schema, checkpoint: Optional[str] 
     return report
 
 
+class _StopRequested(Exception):
+    """Ctrl-C was pressed: the next micro-batch does not start."""
+
+
 @contextlib.contextmanager
-def _stop_on_ctrl_c():
-    """The first Ctrl-C of a streaming run asks it to stop at the next
-    micro-batch boundary (the event is set); a second one stops at once
+def _stop_on_ctrl_c(requested: threading.Event):
+    """The first Ctrl-C of a streaming run lets the running micro-batch finish
+    and starts no other (``requested`` is set); a second one stops at once
     (KeyboardInterrupt).  Only in the main thread (signals go there)."""
-    requested = threading.Event()
     if threading.current_thread() is not threading.main_thread():
-        yield requested
+        yield
         return
 
     def on_sigint(signum, frame):
@@ -445,7 +446,7 @@ def _stop_on_ctrl_c():
 
     previous = signal.signal(signal.SIGINT, on_sigint)
     try:
-        yield requested
+        yield
     finally:
         signal.signal(signal.SIGINT, previous)
 
