@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Callable, Optional
+from typing import Callable
 
 import pytest
 
@@ -480,7 +480,8 @@ def checkpoint_state_changed(tmp):
 
 def checkpoint_moved(tmp):
     """A project directory (inputs, checkpoint, table) copied elsewhere."""
-    streaming_project(f"{tmp}/a") if os.makedirs(f"{tmp}/a") is None else None
+    os.makedirs(f"{tmp}/a")
+    streaming_project(f"{tmp}/a")
     shutil.copytree(f"{tmp}/a", f"{tmp}/b")
     shutil.rmtree(f"{tmp}/a")
     p = script(f"{tmp}/b", source_ddl(f"{tmp}/b/in") + delta_ddl(f"{tmp}/b/out")

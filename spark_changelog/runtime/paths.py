@@ -6,6 +6,7 @@ caller can say where the path came from (a table's ``'path'``, an option)."""
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from typing import Optional
 
@@ -19,6 +20,11 @@ def input_problem(path: str) -> Optional[str]:
     if "://" in path and not path.startswith("file://"):
         return None         # an object store or HDFS: Spark finds out
     local = path[len("file://"):] if path.startswith("file://") else path
+    if any(ch in local for ch in "*?[{"):     # a glob, as Spark reads it
+        import glob
+        if glob.glob(re.sub(r"\{[^}]*\}", "*", local)):
+            return None
+        return f"{path} matches no file"
     if not os.path.exists(local):
         parent = _existing_ancestor(local)
         return f"{path} does not exist" + (f" (nearest existing directory: {parent})"
