@@ -645,3 +645,15 @@ def test_errors_of_the_disk_and_the_libraries_are_sorted_in_one_place():
     # a bug of ours says so and where its traceback is
     first, code = sorted_as(KeyError("x"))
     assert first == "error: internal error: KeyError: 'x'" and code == 1
+
+
+def test_the_python_api_checks_its_sink_path_before_the_job(spark, tmp):
+    from spark_changelog import ChangelogStream
+    from spark_changelog.model.errors import PathError
+    with open(f"{tmp}/t", "w") as f:
+        f.write("keep me")
+    df = spark.createDataFrame([(1, "a", 0, 1)], "id BIGINT, v STRING, _kind TINYINT, _seq BIGINT")
+    with pytest.raises(PathError) as e:
+        ChangelogStream.from_dataframe(df, primary_key=["id"]).write_upsert(f"{tmp}/t")
+    assert str(e.value).splitlines()[0] == f"error: table path {tmp}/t is a file, not a directory"
+    assert open(f"{tmp}/t").read() == "keep me"

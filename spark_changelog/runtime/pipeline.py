@@ -40,7 +40,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..model import KIND_COL, SEQ_COL, as_key
-from ..model.errors import UserError
+from ..model.errors import PathError, UserError
 from .spark_keyed import METRICS_COL, METRICS_KIND
 
 
@@ -279,6 +279,17 @@ def operator_errors():
         raise
 
 
+def _check_outputs(**paths) -> None:
+    """Before the job starts: every directory it will write can be written
+    (docs/errors.md, "Checks before running")."""
+    from .paths import output_problem
+    for what, path in paths.items():
+        problem = output_problem(os.fspath(path)) if path is not None else None
+        if problem:
+            raise PathError(f"{what.replace('_', ' ')} path {problem}",
+                            todo="give a directory that can be written")
+
+
 def _local(file: str) -> str:
     return file[len("file:"):] if file.startswith("file:") else file
 
@@ -313,6 +324,9 @@ def run_to_sink(df, table, *, key, schema: pa.Schema, checkpoint: Optional[str] 
         raise ValueError("an upsert table needs a primary key: pass key=[...]")
     schema = pa.schema([f for f in schema if f.name not in (KIND_COL, SEQ_COL, METRICS_COL)])
     streaming = bool(df.isStreaming)
+    _check_outputs(table=table if isinstance(table, (str, os.PathLike)) else None,
+                   checkpoint=checkpoint if streaming else None, changelog=changelog_path,
+                   dead_letter=dead_letter, late_output=late_output)
     sink = DeltaUpsertSink(os.fspath(table), key, schema, keys_emitted_once=keys_emitted_once) \
         if isinstance(table, (str, os.PathLike)) else table
     log = ChangelogSink(changelog_path, changelog_format, key=key, schema=schema) if changelog_path else None
