@@ -1,7 +1,8 @@
-"""A streaming SCD type 2 history job writing to PostgreSQL, run as its own
-process by tests/operators/test_scd2_spark.py.
+"""A streaming SCD type 2 history job writing to PostgreSQL or Delta, run as
+its own process by tests/operators/test_scd2_spark.py.
 
 argv: INPUT_DIR CONNINFO TABLE CHECKPOINT [HANG_AFTER_BATCH]
+(CONNINFO ``delta``: TABLE is the path of a Delta table)
 With HANG_AFTER_BATCH=k the job prints ``committed k`` after batch k was
 committed by the sink and then hangs inside the batch, before Spark records
 it as done: the test kills it there, so the restart replays batch k.
@@ -26,12 +27,14 @@ def main() -> None:
     df = (spark.readStream.format("parquet").option("maxFilesPerTrigger", 1)
           .schema("id BIGINT, name STRING, city STRING, _kind TINYINT, _seq BIGINT").load(src))
     stream = ChangelogStream.from_dataframe(df, primary_key=["id"]).history(key_groups=4)
-    sink = PostgresUpsertSink(conninfo, table, ["id", "__START_AT"], SCHEMA)
+    sink = table if conninfo == "delta" else \
+        PostgresUpsertSink(conninfo, table, ["id", "__START_AT"], SCHEMA)
 
     progress = progress_printer(hang_after)
-    report = stream.write_upsert(sink, checkpoint=ck, progress=progress)
+    report = stream.write_upsert(sink, key=["id", "__START_AT"], checkpoint=ck, progress=progress)
     print(f"finished batches={report.batches} replayed={report.replayed_batches}", flush=True)
-    sink.close()
+    if conninfo != "delta":
+        sink.close()
 
 
 if __name__ == "__main__":

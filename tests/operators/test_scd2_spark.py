@@ -97,6 +97,22 @@ def test_kill_and_restart_into_postgres_is_exact(tmp_path, pg_server):
     assert pg_rows() == _expected(BATCHES - 1)
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("SPARK_CHANGELOG_LONG_TESTS"),
+                    reason="long variant: set SPARK_CHANGELOG_LONG_TESTS=1")
+def test_kill_and_restart_into_delta_is_exact(tmp_path):
+    """The same crash with a Delta history table (the default suite has the
+    PostgreSQL one; both sinks skip a replayed batch the same way)."""
+    _write_files(tmp_path / "in")
+    table = str(tmp_path / "history")
+    args = [tmp_path / "in", "delta", table, tmp_path / "ck"]
+    crash_in_batch("history_job.py", args, 1)
+    assert _rows(read_table(table)) == _expected(1)
+    out = restart("history_job.py", args)
+    assert "replayed=1" in out, out
+    assert _rows(read_table(table)) == _expected(BATCHES - 1)
+
+
 def _dbz(op, before, after, lsn):
     return json.dumps({"before": before, "after": after, "op": op,
                        "source": {"connector": "postgresql", "lsn": lsn}})
