@@ -69,13 +69,22 @@ Typed values
 A field present in the record (not absent, not JSON ``null``) whose value does
 not convert to the schema type is a wrong-type error: conversion is Spark's
 ``try_variant_get`` (JSON strings holding numbers, e.g. Canal's ``"1"``, are
-accepted for numeric columns, as Flink's JSON format does; ``1.5`` into an INT
-truncates, also like Flink).  DATE/TIMESTAMP columns accept strings only: a
-numeric epoch value is rejected rather than guessed (Debezium sends dates as days
-and timestamps as ms or µs depending on the column, which the JSON alone does not
-tell).  BINARY columns take base64 strings (Debezium's default).  Absent and
-``null`` fields become NULL; for primary-key columns that is an error.  JSON keys
-match column names exactly (case-sensitive).
+accepted for numeric columns, as Flink's JSON format does).  No value changes
+silently (docs/semantics.md, section 1): a fraction or a boolean into an
+integer column, a number outside the column's range, and more digits than a
+DECIMAL(p, s) holds are wrong-type errors, never truncated or rounded
+(:func:`coerce_variant`).  DATE/TIMESTAMP columns accept strings; Debezium's
+epoch numbers and base64 decimals are decoded by the envelope's schema or the
+declared type (:mod:`~spark_changelog.connectors.debezium_types`); other
+formats reject a numeric epoch value rather than guess its unit.  BINARY
+columns take base64 strings (Debezium's default).  Absent and ``null`` fields
+become NULL; for primary-key columns that is an error.  JSON keys match column
+names exactly (case-sensitive).
+
+Format options (:mod:`~spark_changelog.connectors.format_options`): database
+and table filters, ``METADATA`` columns, ``NaN``/``Infinity``, and
+ignore-parse-errors, which marks a dead letter so that a run without a
+dead-letter directory counts it instead of stopping.
 
 Sequence encoding (``_seq``)
 ----------------------------
@@ -147,6 +156,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from spark_changelog.model.rowkind import RowKind
+from spark_changelog.connectors.format_options import FormatOptions
 from spark_changelog.connectors.seq_layout import (  # noqa: F401  (the _seq layout, shared with the line task)
     BINLOG_FILE_BITS, BINLOG_OFFSET_BITS, FILE_LINE_BITS, FILE_NO_BITS, LSN_BITS, PHASE_AFTER, PHASE_BEFORE,
     POSITION_BITS, TS_LINE_BITS, TS_MS_BITS)
@@ -326,10 +336,19 @@ class ReadContext:
     #: packs the finished rows of the line task per key group (a runtime's
     #: callable, :meth:`ReadResult.packed_rows`); None: rows leave unpacked
     packer: Optional[Callable] = None
+    #: the format options (``format_options``): filters, metadata columns, ...
+    options: FormatOptions = FormatOptions()
 
     @property
     def columns(self) -> list[str]:
         return self.schema.fieldNames()
+
+    @property
+    def image_schema(self) -> T.StructType:
+        """The columns read from a row image: every column but the
+        ``METADATA`` ones (those come from the envelope)."""
+        meta = self.options.metadata_columns
+        return T.StructType([f for f in self.schema.fields if f.name not in meta])
 
 
 def read_changes(
@@ -345,6 +364,7 @@ def read_changes(
     kind_column: Optional[str] = "op",
     seq_column: Optional[str] = None,
     csv_options: Optional[Mapping[str, str]] = None,
+    options: Optional[FormatOptions] = None,
 ) -> ReadResult:
     """Read CDC files at ``path`` into a changelog stream (docs/semantics.md, sections 1-2).
 
@@ -357,8 +377,9 @@ def read_changes(
     in every image; a Debezium/Canal/Maxwell update that changes them becomes
     ``-D`` old + ``+I`` new instead of ``-U``/``+U``.  ``streaming`` uses Spark's
     file streaming source (``path`` a directory or glob; ``max_files_per_trigger``
-    is passed through as ``maxFilesPerTrigger``).  See the module docstring for
-    ``strict``, the result and the ``_seq`` encoding.
+    is passed through as ``maxFilesPerTrigger``).  ``options``: Flink's format
+    options and the metadata columns (:mod:`.format_options`).  See the module
+    docstring for ``strict``, the result and the ``_seq`` encoding.
     """
     if format not in FORMATS:
         raise ValueError(f"unknown CDC format {format!r}: expected one of {sorted(FORMATS)}")
@@ -375,12 +396,14 @@ def read_changes(
         schema = _parquet_user_schema(spark, path, kind_column, seq_column)
     struct = resolve_schema(schema, format)
     _check_columns(struct, key, format, kind_column, seq_column)
+    options = options or FormatOptions()
+    _check_metadata(struct, key, format, options)
     ctx = ReadContext(
         spark=spark, path=path, format=format, schema=struct, primary_key=key,
         streaming=bool(streaming), strict=bool(strict),
         max_files_per_trigger=None if max_files_per_trigger is None else int(max_files_per_trigger),
         changelog_file_format=changelog_file_format, kind_column=kind_column,
-        seq_column=seq_column, csv_options=dict(csv_options or {}),
+        seq_column=seq_column, csv_options=dict(csv_options or {}), options=options,
     )
     module = importlib.import_module(f"spark_changelog.connectors.{FORMATS[format]}")
     result = dataclasses.replace(finish(module.parse(ctx), ctx), _built_from=(module, ctx))
@@ -456,6 +479,17 @@ def _check_columns(schema: T.StructType, key: tuple[str, ...], fmt: str, kind_co
             )
         if seq_column is not None and seq_column == kind_column:
             raise ValueError("kind_column and seq_column must differ")
+
+
+def _check_metadata(schema: T.StructType, key: tuple[str, ...], fmt: str, options: FormatOptions) -> None:
+    from spark_changelog.connectors.format_options import metadata_key
+    names = schema.fieldNames()
+    for column, mkey in options.metadata:
+        metadata_key(fmt, mkey)
+        if column not in names:
+            raise ValueError(f"metadata column {column!r} is not a column of the schema")
+        if column in key:
+            raise ValueError(f"metadata column {column!r} cannot be part of the primary key")
 
 
 def _parquet_user_schema(spark: SparkSession, path, kind_column: Optional[str], seq_column: Optional[str]) -> T.StructType:
@@ -614,26 +648,87 @@ def _is_atomic(dtype: T.DataType) -> bool:
     return not isinstance(dtype, (T.StructType, T.ArrayType, T.MapType))
 
 
+#: a JSON string, or a bare non-numeric number (Jackson's ALLOW_NON_NUMERIC_NUMBERS)
+_STRING_OR_NON_NUMERIC = r'("(?:[^"\\]|\\.)*")|([+-]?Infinity|NaN)'
+_INTEGRAL = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
+
+
+def exact_decimal(dtype: T.DecimalType) -> str:
+    """The widest DECIMAL with ``dtype``'s integer digits: a value converted to
+    both is exact in ``dtype`` when the two are equal (docs/semantics.md,
+    section 1: a value is never rounded or truncated to fit its column)."""
+    return f"decimal(38,{38 - (dtype.precision - dtype.scale)})"
+
+
 def coerce_variant(v: Sql, dtype: T.DataType) -> Sql:
-    """``v`` (a variant) converted to ``dtype``; NULL when absent, null or not convertible."""
+    """``v`` (a variant) converted to ``dtype``; NULL when absent, null or not
+    convertible, and when the conversion would change the value: a fraction
+    or a boolean into an integer column, more digits than a DECIMAL column
+    holds (Spark's cast would truncate or round them)."""
     target = lit(dtype.simpleString())
     if isinstance(dtype, _TEMPORAL):
         return f"CASE WHEN schema_of_variant({v}) = 'STRING' THEN try_variant_get({v}, '$', {target}) END"
     if isinstance(dtype, T.BinaryType):
         return (f"CASE WHEN schema_of_variant({v}) = 'STRING' "
                 f"THEN try_to_binary(try_variant_get({v}, '$', 'string'), 'base64') END")
-    return f"try_variant_get({v}, '$', {target})"
+    value = f"try_variant_get({v}, '$', {target})"
+    if isinstance(dtype, _INTEGRAL):
+        # 18 decimals: a fraction finer than 1e-18 is the one a check misses
+        return (f"CASE WHEN schema_of_variant({v}) <> 'BOOLEAN' AND "
+                f"try_variant_get({v}, '$', 'decimal(38,18)') = {value} THEN {value} END")
+    if isinstance(dtype, T.DecimalType):
+        return f"CASE WHEN try_variant_get({v}, '$', {lit(exact_decimal(dtype))}) = {value} THEN {value} END"
+    return value
 
 
 def coerce_string(text: Sql, dtype: T.DataType) -> Sql:
-    """A string field (CSV) converted to ``dtype``; NULL when not convertible."""
+    """A string field (CSV) converted to ``dtype``; NULL when not convertible
+    or when the conversion would change the value (:func:`coerce_variant`)."""
     if isinstance(dtype, T.StringType):
         return text
     if isinstance(dtype, T.BinaryType):
         return f"try_to_binary({text}, 'base64')"
+    if isinstance(dtype, T.DecimalType):
+        value = f"try_cast({text} AS {dtype.simpleString()})"
+        return f"CASE WHEN try_cast({text} AS {exact_decimal(dtype)}) = {value} THEN {value} END"
     if _is_atomic(dtype):
         return f"try_cast({text} AS {dtype.simpleString()})"
     return f"try_variant_get(try_parse_json({text}), '$', {lit(dtype.simpleString())})"
+
+
+def parse_variant(raw: Sql, options: FormatOptions) -> Sql:
+    """``raw`` parsed into a VARIANT (NULL when it is not JSON).  With
+    ``allow_non_numeric_numbers`` a line that does not parse is parsed again
+    with its bare ``NaN``/``Infinity`` tokens quoted (a string ``"NaN"``
+    converts to the DOUBLE NaN); strings are matched whole so that text
+    inside them is left alone, and U+0001 (never raw in valid JSON) marks
+    the tokens between the two replacements."""
+    parsed = f"try_parse_json({raw})"
+    if not options.allow_non_numeric_numbers:
+        return parsed
+    mark = chr(1)
+    marked = f"regexp_replace({raw}, {lit(_STRING_OR_NON_NUMERIC)}, {lit('$1' + mark + '$2' + mark)})"
+    token, as_string = lit(mark + "([^" + mark + "]*)" + mark), lit('"$1"')
+    quoted = f"regexp_replace(regexp_replace({marked}, {lit(mark * 2)}, ''), {token}, {as_string})"
+    return f"coalesce({parsed}, try_parse_json({quoted}))"
+
+
+def include_filter(options: FormatOptions, database: Sql, table: Sql, prefix: str) -> tuple[Sql, Sql]:
+    """(excluded, reason) of the ``<prefix>.database.include`` and
+    ``<prefix>.table.include`` options: a record whose database or table
+    (strings, NULL when absent) the pattern does not match whole is
+    excluded (Flink: ``Pattern.matcher(...).matches()``)."""
+    checks = []
+    for value, pattern, what in ((database, options.database_include, "database"),
+                                 (table, options.table_include, "table")):
+        if pattern is not None:
+            full = lit(r"\A(?:" + pattern + r")\z")
+            checks.append((f"NOT coalesce({value} RLIKE {full}, false)",
+                           concat(lit(f"{what} "), f"coalesce(concat({lit(chr(39))}, {value}, {lit(chr(39))}), '(none)')",
+                                  lit(f" not included by '{prefix}.{what}.include' = '{pattern}'"))))
+    if not checks:
+        return "false", "CAST(NULL AS STRING)"
+    return any_of(*[c for c, _ in checks]), when(*checks)
 
 
 EMPTY_MESSAGES: Sql = "CAST(array() AS ARRAY<STRING>)"
@@ -646,11 +741,34 @@ def raw_struct(get: Callable[[str], Sql], columns: Sequence[str]) -> Sql:
     return "named_struct(" + ", ".join(f"{lit(c)}, {get(c)}" for c in columns) + ")"
 
 
-def typed_struct(raw: Sql, schema: T.StructType, *, strings: bool = False) -> Sql:
-    """The staged :func:`raw_struct` ``raw`` converted to the schema types."""
-    conv = coerce_string if strings else coerce_variant
-    return "named_struct(" + ", ".join(f"{lit(f.name)}, {conv(struct_field(raw, f.name), f.dataType)}"
-                                       for f in schema.fields) + ")"
+def typed_struct(raw: Sql, schema: T.StructType, *, strings: bool = False,
+                 metadata: Optional[Mapping[str, Sql]] = None,
+                 convert: Optional[Callable[[Sql, T.DataType, str], Optional[Sql]]] = None) -> Sql:
+    """The staged :func:`raw_struct` ``raw`` converted to the schema types;
+    ``metadata``: column -> value of the ``METADATA`` columns (not in ``raw``);
+    ``convert(value, type, column)``: a format's own conversion (None: the
+    plain one)."""
+    metadata = metadata or {}
+
+    def value(f: T.StructField) -> Sql:
+        if f.name in metadata:
+            return f"CAST({metadata[f.name]} AS {f.dataType.simpleString()})"
+        v = struct_field(raw, f.name)
+        own = convert(v, f.dataType, f.name) if convert is not None else None
+        return own if own is not None else (coerce_string if strings else coerce_variant)(v, f.dataType)
+
+    return "named_struct(" + ", ".join(f"{lit(f.name)}, {value(f)}" for f in schema.fields) + ")"
+
+
+def metadata_columns(ctx: "ReadContext", values: Mapping[str, Sql]) -> dict[str, Sql]:
+    """column -> SQL value of the ``METADATA FROM`` columns, from the format's
+    ``values`` (metadata key -> SQL over the record)."""
+    return {column: values[key] for column, key in ctx.options.metadata}
+
+
+def timestamp_ms(ms: Sql) -> Sql:
+    """An epoch-millisecond number as a TIMESTAMP (Flink's TIMESTAMP_LTZ(3))."""
+    return f"timestamp_millis({ms})"
 
 
 def overlay_struct(old_raw: Sql, data_raw: Sql, columns: Sequence[str]) -> Sql:
@@ -895,8 +1013,11 @@ def finish(parsed: DataFrame, ctx: ReadContext) -> ReadResult:
     """
     bad = "(_skip_category IS NULL AND size(_errors) > 0)"
     reason = "array_join(_errors, '; ')"
+    # ``ignored``: the format's ignore-parse-errors option (format_options):
+    # the run goes on without a dead-letter directory
+    tolerated = ", 'ignored', true" if ctx.options.ignore_parse_errors else ""
     dead = side_row(ctx.schema, f"named_struct('{DEAD_LETTER}', named_struct('raw', raw, 'file', file, "
-                                f"'line', line, 'reason', {reason}))")
+                                f"'line', line, 'reason', {reason}{tolerated}))")
     skip = side_row(ctx.schema, f"named_struct('{SKIPPED}', named_struct('raw', raw, 'file', file, "
                                 f"'line', line, 'category', _skip_category, 'reason', _skip_reason))")
     rows = parsed.selectExpr(

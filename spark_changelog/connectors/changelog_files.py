@@ -128,7 +128,7 @@ def _parse_json(ctx: C.ReadContext) -> DataFrame:
     if parser is not None and ctx.packer is not None:
         from spark_changelog.connectors.debezium_arrow import PackingParser
         parser = PackingParser(parser, ctx.packer)
-    df = C.stage(C.read_lines(ctx, parser=parser), _v="try_parse_json(raw)")
+    df = C.stage(C.read_lines(ctx, parser=parser), _v=C.parse_variant("raw", ctx.options))
     df = C.stage(df, _blank=C.is_blank("raw"),
                  _raw=C.raw_struct(lambda c: C.field("_v", C.json_path(c)), ctx.columns))
     blank_or_null = "(_blank OR is_variant_null(_v))"

@@ -22,6 +22,16 @@ missing on c/r/u, ``before`` missing on u/d (for PostgreSQL set ``REPLICA IDENTI
 FULL``, as Flink also requires), wrong-typed fields, missing/null primary key,
 unreadable or out-of-range positions.
 
+``debezium-json.database.include`` and ``debezium-json.table.include`` (ours,
+as Canal's in Flink) skip the events of other ``source.db``/``source.table``
+(category ``ignored``); every key of :func:`metadata` can fill a ``METADATA
+FROM`` column (``format_options``).  Either takes the VARIANT path for every
+line.
+
+DECIMAL, DATE and TIMESTAMP columns read Debezium's encodings (base64
+decimals, days, epoch numbers) by the envelope's schema or the declared type
+(:mod:`debezium_types`).
+
 ``_seq`` (module docstring of ``cdc_json``): ``source.lsn``; else MySQL
 ``source.file`` suffix and ``source.pos + source.row``; else ``ts_ms`` (then
 ``source.ts_ms``) with the line; else the file number with the line.
@@ -34,6 +44,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import types as T
 
 from spark_changelog.connectors import cdc_json as C
+from spark_changelog.connectors import debezium_types as DT
 from spark_changelog.connectors.cdc_json import Sql, all_of, concat, lit, when
 
 OPS = ("c", "r", "u", "d")
@@ -46,6 +57,22 @@ IGNORED_OPS = ("m",)
 def read_debezium(spark, path, schema, primary_key=None, **kw) -> C.ReadResult:
     """``read_changes(..., format="debezium-json")``."""
     return C.read_with("debezium", spark, path, schema, primary_key, **kw)
+
+
+def metadata(v: Sql, env: Sql) -> dict[str, Sql]:
+    """Flink's Debezium metadata keys -> SQL over the line ``v`` and its
+    envelope ``env`` (the payload when the schema is included)."""
+    schema = C.field(v, "$.schema")
+    return {
+        "schema": f"CASE WHEN {C.present(schema)} THEN to_json({schema}) END",
+        "ingestion-timestamp": C.timestamp_ms(C.get_as(env, "$.ts_ms", "bigint")),
+        "source.timestamp": C.timestamp_ms(C.get_as(env, "$.source.ts_ms", "bigint")),
+        "source.database": C.get_as(env, "$.source.db", "string"),
+        "source.schema": C.get_as(env, "$.source.schema", "string"),
+        "source.table": f"coalesce({C.get_as(env, '$.source.table', 'string')}, "
+                        f"{C.get_as(env, '$.source.collection', 'string')})",
+        "source.properties": C.get_as(env, "$.source", "map<string,string>"),
+    }
 
 
 def position_inputs(env: Sql) -> dict[str, Sql]:
@@ -82,9 +109,14 @@ def position(r: Callable[[str], Sql]) -> tuple[Sql, Sql]:
     )
 
 
-def arrow_parser(schema, key):
+def arrow_parser(ctx: C.ReadContext):
     """The line task's parser (:mod:`debezium_arrow`) when every column is of
-    :data:`FAST_TYPES`, else None (then every line takes the VARIANT path)."""
+    :data:`FAST_TYPES` and no format option asks for more than the images
+    (metadata columns, table filters), else None (then every line takes the
+    VARIANT path)."""
+    schema, key, options = ctx.schema, ctx.primary_key, ctx.options
+    if options.metadata or options.database_include or options.table_include:
+        return None
     if not all(isinstance(f.dataType, FAST_TYPES) for f in schema.fields):
         return None
     from spark_changelog.connectors.debezium_arrow import DebeziumArrowParser
@@ -94,7 +126,7 @@ def arrow_parser(schema, key):
 def finishes_rows(ctx: C.ReadContext) -> bool:
     """Whether the line task finishes lines (and so can pack them:
     ``ReadResult.packed_rows``)."""
-    return arrow_parser(ctx.schema, ctx.primary_key) is not None
+    return arrow_parser(ctx) is not None
 
 
 class _Stages:
@@ -150,13 +182,14 @@ def parse(ctx: C.ReadContext) -> DataFrame:
     parsed into a VARIANT and checked field by field, in the named stages of
     :class:`_Stages`, which the finished rows never run."""
     cols, key, schema = ctx.columns, ctx.primary_key, ctx.schema
-    parser = arrow_parser(schema, key)
+    parser = arrow_parser(ctx)
+    image_cols, image_schema = ctx.image_schema.fieldNames(), ctx.image_schema
     if parser is not None and ctx.packer is not None:
         from spark_changelog.connectors.debezium_arrow import PackingParser
         parser = PackingParser(parser, ctx.packer)
     df = C.read_lines(ctx, parser=parser)
     r = stages = _Stages(df, "raw IS NULL" if parser is not None else None)
-    stages.add(_v="try_parse_json(raw)")
+    stages.add(_v=C.parse_variant("raw", ctx.options))
     schemas_form = all_of(f"{C.field(r('_v'), '$.schema')} IS NOT NULL",
                           f"{C.field(r('_v'), '$.payload')} IS NOT NULL")
     stages.add(_env=when((schemas_form, C.field(r("_v"), "$.payload")), otherwise=r("_v")))
@@ -169,6 +202,10 @@ def parse(ctx: C.ReadContext) -> DataFrame:
         _ddl=C.present(C.field(r("_env"), "$.ddl")),
         **position_inputs(r("_env")),
     )
+    excluded, excluded_reason = C.include_filter(
+        ctx.options, C.get_as(r("_env"), "$.source.db", "string"),
+        C.get_as(r("_env"), "$.source.table", "string"), "debezium-json")
+    stages.add(_excluded=excluded, _excluded_reason=excluded_reason)
     blank_or_null = f"({r('_blank')} OR is_variant_null({r('_v')}) OR is_variant_null({r('_env')}))"
     malformed = f"({r('_v')} IS NULL AND NOT {r('_blank')})"
     pos, pos_err = position(r)
@@ -179,21 +216,28 @@ def parse(ctx: C.ReadContext) -> DataFrame:
         _after_ok=all_of(C.present(r("_after_v")), C.is_object(r("_after_v"))),
         _before_ok=all_of(C.present(r("_before_v")), C.is_object(r("_before_v"))),
         _op_present=C.present(r("_op_v")),
-        _before_raw=C.raw_struct(lambda c: C.field(r("_before_v"), C.json_path(c)), cols),
-        _after_raw=C.raw_struct(lambda c: C.field(r("_after_v"), C.json_path(c)), cols),
+        _before_raw=C.raw_struct(lambda c: C.field(r("_before_v"), C.json_path(c)), image_cols),
+        _after_raw=C.raw_struct(lambda c: C.field(r("_after_v"), C.json_path(c)), image_cols),
         _pos=pos,
         _pos_error=pos_err,
     )
     shape_ok = f"(NOT {r('_malformed')} AND NOT {r('_not_object')})"
     schema_change = f"(NOT {r('_op_present')} AND {r('_ddl')})"
-    op = r("_op")
+    op, excluded = r("_op"), r("_excluded")
+    meta = C.metadata_columns(ctx, metadata(r("_v"), r("_env")))
+    convert = None
+    if any(DT.decodes(f.dataType) for f in image_schema.fields):
+        stages.add(_types=DT.field_types(r("_v")))
+
+        def convert(v: Sql, dtype: T.DataType, column: str) -> Optional[Sql]:
+            return DT.convert(v, dtype, f"{r('_types')}[{lit(column)}]", ctx.options)
     stages.add(
         _shape_ok=shape_ok,
         _schema_change=schema_change,
-        _op_ok=all_of(shape_ok, C.is_in(op, OPS)),
-        _ignored=all_of(shape_ok, f"({C.is_in(op, IGNORED_OPS)} OR {schema_change})"),
-        _before=C.typed_struct(r("_before_raw"), schema),
-        _after=C.typed_struct(r("_after_raw"), schema),
+        _op_ok=all_of(shape_ok, C.is_in(op, OPS), f"NOT {excluded}"),
+        _ignored=all_of(shape_ok, f"({C.is_in(op, IGNORED_OPS)} OR {schema_change} OR {excluded})"),
+        _before=C.typed_struct(r("_before_raw"), schema, metadata=meta, convert=convert),
+        _after=C.typed_struct(r("_after_raw"), schema, metadata=meta, convert=convert),
     )
     op_ok, shape_ok, op_present = r("_op_ok"), r("_shape_ok"), r("_op_present")
     after_v, before_v, after_ok, before_ok = r("_after_v"), r("_before_v"), r("_after_ok"), r("_before_ok")
@@ -202,9 +246,11 @@ def parse(ctx: C.ReadContext) -> DataFrame:
     envelope_errors = C.errors_array(when((cond, message)) for cond, message in [
         (r("_malformed"), lit("malformed JSON: the record does not parse")),
         (r("_not_object"), lit("malformed record: not a JSON object")),
-        (f"{shape_ok} AND NOT {op_present} AND NOT {r('_schema_change')}", lit("field 'op': missing")),
-        (f"{shape_ok} AND {op} = 't'", lit("field 'op': truncate events ('t') cannot be expressed as row changes")),
-        (f"{shape_ok} AND {op_present} AND NOT {C.is_in(op, OPS + IGNORED_OPS + ('t',))}",
+        (f"{shape_ok} AND NOT {op_present} AND NOT {r('_schema_change')} AND NOT {excluded}",
+         lit("field 'op': missing")),
+        (f"{shape_ok} AND {op} = 't' AND NOT {excluded}",
+         lit("field 'op': truncate events ('t') cannot be expressed as row changes")),
+        (f"{shape_ok} AND {op_present} AND NOT {C.is_in(op, OPS + IGNORED_OPS + ('t',))} AND NOT {excluded}",
          concat(lit("field 'op': unknown value "), C.json_text(r("_op_v")), lit(" (expected c, r, u or d)"))),
         (f"{needs_after} AND NOT {C.present(after_v)}",
          concat(lit("field 'after': missing or null for op '"), op, lit("'"))),
@@ -217,9 +263,9 @@ def parse(ctx: C.ReadContext) -> DataFrame:
     errors = C.concat_messages(
         envelope_errors,
         C.gate(f"{needs_after} AND {after_ok}",
-               C.image_errors(r("_after_raw"), r("_after"), schema, key, lit("'after'"))),
+               C.image_errors(r("_after_raw"), r("_after"), image_schema, key, lit("'after'"))),
         C.gate(f"{needs_before} AND {before_ok}",
-               C.image_errors(r("_before_raw"), r("_before"), schema, key, lit("'before'"))),
+               C.image_errors(r("_before_raw"), r("_before"), image_schema, key, lit("'before'"))),
         C.gate(op_ok, C.errors_array([r("_number_error"), r("_pos_error")])),
     )
 
@@ -236,7 +282,8 @@ def parse(ctx: C.ReadContext) -> DataFrame:
             (f"{op} = 'd'", f"array({C.change_row(before, cols, C.DELETE, seq_b)})"),
         )
 
-    ignored_reason = when((r("_schema_change"), lit("Debezium schema change event")),
+    ignored_reason = when((excluded, r("_excluded_reason")),
+                          (r("_schema_change"), lit("Debezium schema change event")),
                           otherwise=concat(lit("Debezium op '"), op, lit("' (not a row change)")))
     skip_category, skip_reason = C.skip_values(r("_tombstone"), r("_ignored"), ignored_reason)
     return stages.select(

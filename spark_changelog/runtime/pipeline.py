@@ -234,6 +234,9 @@ class SideRows:
     metrics: list        # operator counters
     dead_letters: pd.DataFrame   # raw, file, line, reason; ordered by (file, line)
     skipped: dict        # category -> count
+    #: per dead letter: its source ignores parse errors (the run goes on without
+    #: a dead-letter directory)
+    ignored: Optional[np.ndarray] = None
 
 
 def sort_side_rows(payloads: list[dict]) -> SideRows:
@@ -247,10 +250,11 @@ def sort_side_rows(payloads: list[dict]) -> SideRows:
             skipped[cat] = skipped.get(cat, 0) + 1
         else:
             metrics.append(p)
-    frame = pd.DataFrame(dead, columns=list(INVALID_COLUMNS))
+    frame = pd.DataFrame(dead, columns=list(INVALID_COLUMNS) + ["ignored"])
     if len(frame):
         frame = frame.sort_values(["file", "line"], kind="stable").reset_index(drop=True)
-    return SideRows(metrics, frame, skipped)
+    ignored = frame.pop("ignored").fillna(False).astype(bool).to_numpy()
+    return SideRows(metrics, frame, skipped, ignored)
 
 
 #: errors an operator raises on purpose, recognised in the text of the Spark
@@ -353,15 +357,20 @@ def run_to_sink(df, table, *, key, schema: pa.Schema, checkpoint: Optional[str] 
                 from ..connectors.cdc_json import raise_if_invalid
                 raise_if_invalid(dead)
             if dead_letter is None:
-                first = dead.iloc[0]
-                raise UserError(
-                    f"{len(dead)} invalid input row(s) and no dead-letter directory; the first: "
-                    f"{_local(first['file'])}:{first['line']}: {first['reason']}",
-                    todo="give --dead-letter DIR (dead_letter=...) to set invalid rows aside "
-                         "and go on, or fix the input")
-            from ..connectors.dead_letter import write_dead_letter
-            # a batch run is named by content (a second run does not overwrite it)
-            write_dead_letter(dead, dead_letter, batch_id=batch_id if report.streaming else None)
+                # rows of a source with ignore-parse-errors are counted and passed
+                # over (docs/sql.md, "Format options"); any other stops the run
+                fatal = dead[~side.ignored]
+                if len(fatal):
+                    first = fatal.iloc[0]
+                    raise UserError(
+                        f"{len(fatal)} invalid input row(s) and no dead-letter directory; the first: "
+                        f"{_local(first['file'])}:{first['line']}: {first['reason']}",
+                        todo="give --dead-letter DIR (dead_letter=...) to set invalid rows aside "
+                             "and go on, or fix the input")
+            else:
+                from ..connectors.dead_letter import write_dead_letter
+                # a batch run is named by content (a second run does not overwrite it)
+                write_dead_letter(dead, dead_letter, batch_id=batch_id if report.streaming else None)
             report.invalid += len(dead)
         report.tombstones_skipped += side.skipped.get("tombstone", 0)
         report.ignored_skipped += side.skipped.get("ignored", 0)

@@ -6,6 +6,7 @@ to Spark SQL, so the dialect extends sqlglot's Spark dialect and only adds what
 Flink has on top, in the way sqlglot's RisingWave dialect adds ``WATERMARK FOR``:
 
 * ``WATERMARK FOR ts AS ts - INTERVAL '5' SECOND`` in ``CREATE TABLE``;
+* metadata columns ``c STRING METADATA [FROM 'key'] [VIRTUAL]``;
 * ``PRIMARY KEY (...) NOT ENFORCED`` (table and column constraint);
 * ``INSERT ... ON CONFLICT DO DEDUPLICATE | DO ERROR | DO NOTHING`` (Flink 2.3);
 * ``EXPLAIN [CHANGELOG_MODE | ESTIMATED_COST | ...] <statement>``;
@@ -50,6 +51,13 @@ class TableArgument(exp.Expression):
     arg_types = {"this": True, "partition_by": False}
 
 
+class MetadataColumnConstraint(exp.Expression):
+    """``METADATA [FROM 'key'] [VIRTUAL]`` of a column (``this``: the key
+    literal, None when the column's name is the key)."""
+
+    arg_types = {"this": False, "virtual": False}
+
+
 class Descriptor(exp.Expression):
     """``DESCRIPTOR(col, ...)``: column names passed to a table function."""
 
@@ -69,6 +77,7 @@ class FlinkParser(SparkParser):
     CONSTRAINT_PARSERS = {
         **SparkParser.CONSTRAINT_PARSERS,
         "WATERMARK": lambda self: self._parse_watermark(),
+        "METADATA": lambda self: self._parse_metadata_column(),
     }
     SCHEMA_UNNAMED_CONSTRAINTS = {*SparkParser.SCHEMA_UNNAMED_CONSTRAINTS, "WATERMARK"}
 
@@ -100,6 +109,16 @@ class FlinkParser(SparkParser):
         if expression is None:
             self.raise_error("Expected a watermark expression, e.g. ts - INTERVAL '5' SECOND")
         return self.expression(exp.WatermarkColumnConstraint(this=column, expression=expression))
+
+    def _parse_metadata_column(self) -> exp.Expr:
+        key = None
+        if self._match(TokenType.FROM):
+            key = self._parse_string()
+            if key is None:
+                self.raise_error("Expected a quoted metadata key after METADATA FROM "
+                                 "(e.g. METADATA FROM 'value.source.table')")
+        virtual = self._match_text_seq("VIRTUAL")
+        return self.expression(MetadataColumnConstraint(this=key, virtual=virtual))
 
     # -- INSERT ... ON CONFLICT ----------------------------------------------
     def _parse_on_conflict(self) -> exp.OnConflict | None:
@@ -198,4 +217,5 @@ class Flink(Spark):
 
 
 __all__ = ["Flink", "FlinkParser", "StatementSetBegin", "Explain", "TableArgument", "Descriptor",
+           "MetadataColumnConstraint",
            "WINDOW_TVFS", "FROM_CHANGELOG", "CONFLICT_ACTIONS"]

@@ -32,8 +32,9 @@ from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
 from sqlglot.tokens import Token, TokenType
 
+from ..connectors.format_options import FormatOptions, format_option_keys, from_table_options
 from ..model.watermark import duration_ms
-from .dialect import Explain, Flink, StatementSetBegin
+from .dialect import Explain, Flink, MetadataColumnConstraint, StatementSetBegin
 from .errors import SqlError, UnsupportedFeature
 
 #: filesystem formats -> (reader format, changelog file format)
@@ -107,7 +108,10 @@ class Position:
 @dataclasses.dataclass(frozen=True)
 class ColumnDef:
     """A column of ``CREATE TABLE``.  ``expression``: a computed column's
-    expression (``c AS expr``); ``proctime``: ``c AS PROCTIME()``."""
+    expression (``c AS expr``); ``proctime``: ``c AS PROCTIME()``;
+    ``metadata_key``: a metadata column's key (``c STRING METADATA FROM
+    'value.source.table'``; the column name when there is no ``FROM``), read
+    from the record's envelope by the format (``virtual``: ``VIRTUAL``)."""
 
     name: str
     flink_type: Optional[str]
@@ -115,6 +119,8 @@ class ColumnDef:
     nullable: bool = True
     expression: Optional[exp.Expr] = None
     proctime: bool = False
+    metadata_key: Optional[str] = None
+    virtual: bool = False
 
     @property
     def computed(self) -> bool:
@@ -150,6 +156,8 @@ class Connector:
     reader_format: Optional[str] = None
     changelog_file_format: Optional[str] = None
     options: tuple = ()            # the remaining options, (key, value) pairs
+    #: the format's options and metadata columns, for the reader
+    format_options: FormatOptions = FormatOptions()
 
     def option(self, key: str, default=None):
         return dict(self.options).get(key, default)
@@ -436,16 +444,21 @@ class _Builder:
                                  watermark.position)
         options = self.with_options(props, pos)
         with_pos = node_position(props, pos) if props is not None else pos
-        connector = self.connector(name, options, with_pos)
+        metadata = tuple((c.name, c.metadata_key) for c in columns if c.metadata_key is not None)
+        connector = self.connector(name, options, with_pos, metadata)
         return TableDef(name, tuple(columns), pk or (), watermark, connector, options, temporary,
                         pos)
 
     def column(self, node: exp.ColumnDef, pos: Position) -> tuple[ColumnDef, bool]:
         kind = node.args.get("kind")
         nullable, is_pk, expression, proctime = True, False, None, False
+        metadata_key, virtual = None, False
         for c in node.constraints:
             k = c.args.get("kind")
-            if isinstance(k, exp.NotNullColumnConstraint):
+            if isinstance(k, MetadataColumnConstraint):
+                metadata_key = k.this.this if k.this is not None else node.name
+                virtual = bool(k.args.get("virtual"))
+            elif isinstance(k, exp.NotNullColumnConstraint):
                 nullable = bool(k.args.get("allow_null"))
             elif isinstance(k, exp.PrimaryKeyColumnConstraint):
                 is_pk = True
@@ -466,9 +479,11 @@ class _Builder:
                              "file sources and its Arrow exchange with Python do not take TIME; "
                              "store the time of day as a STRING or an INT of seconds)",
                              node_position(node, pos), UnsupportedFeature)
+        if metadata_key is not None and (kind is None or expression is not None or proctime):
+            raise self.error(f"metadata column {node.name!r} needs a type and no AS expression", pos)
         return ColumnDef(node.name, kind.sql(dialect=Flink) if kind is not None else None,
                          spark_type(kind) if kind is not None else None, nullable, expression,
-                         proctime), is_pk
+                         proctime, metadata_key, virtual), is_pk
 
     def require_not_enforced(self, node: exp.Expr, pos: Position) -> None:
         # sqlglot keeps NOT ENFORCED in the constraint's options; Flink requires it
@@ -520,7 +535,7 @@ class _Builder:
             raise self.error(f"option(s) {dup} given twice in WITH", pos)
         return tuple(out)
 
-    def connector(self, table: str, options: tuple, pos: Position) -> Connector:
+    def connector(self, table: str, options: tuple, pos: Position, metadata: tuple = ()) -> Connector:
         opts = dict(options)
         if "connector" not in opts:
             raise self.error(f"table {table}: WITH needs 'connector' (one of "
@@ -538,10 +553,17 @@ class _Builder:
                                  (f" (got {fmt!r})" if fmt else ""), pos)
             if path is None:
                 raise self.error(f"table {table}: connector 'filesystem' needs 'path'", pos)
-            reader, file_format = FILESYSTEM_FORMATS[fmt.lower()]
-            self.check_options(table, "filesystem", opts, pos)
-            return Connector("filesystem", path, fmt.lower(), reader, file_format,
-                             tuple(sorted(opts.items())))
+            fmt = fmt.lower()
+            reader, file_format = FILESYSTEM_FORMATS[fmt]
+            self.check_options(table, "filesystem", opts, pos, format_option_keys(fmt))
+            return Connector("filesystem", path, fmt, reader, file_format,
+                             tuple(sorted(opts.items())),
+                             self.format_options(table, fmt, opts, metadata, pos))
+        if metadata:
+            raise self.error(f"table {table}: metadata column {metadata[0][0]!r}: connector "
+                             f"{kind!r} has no metadata (format metadata is read by the "
+                             "'filesystem' connector's debezium-json, canal-json and "
+                             "maxwell-json formats)", pos, UnsupportedFeature)
         if kind == "delta" and path is None:
             raise self.error(f"table {table}: connector 'delta' needs 'path' (the table "
                              "directory)", pos)
@@ -555,8 +577,19 @@ class _Builder:
         self.check_options(table, kind, opts, pos)
         return Connector(kind, path, None, None, None, tuple(sorted(opts.items())))
 
-    def check_options(self, table: str, kind: str, opts: dict, pos: Position) -> None:
-        allowed = CONNECTOR_OPTIONS[kind]
+    def format_options(self, table: str, fmt: str, opts: dict, metadata: tuple,
+                       pos: Position) -> FormatOptions:
+        """The format's options (connectors/format_options.py), with an error
+        at the option (or the table) for a value it does not take."""
+        try:
+            return from_table_options(fmt, opts, metadata)
+        except ValueError as e:
+            key = next((k for k in opts if f"'{k}'" in str(e)), None)
+            raise self.error(f"table {table}: {e}", self.option_positions.get(key, pos)) from None
+
+    def check_options(self, table: str, kind: str, opts: dict, pos: Position,
+                      format_keys: tuple = ()) -> None:
+        allowed = CONNECTOR_OPTIONS[kind] + format_keys
         unknown = sorted(k for k in opts if k not in allowed)
         if unknown:
             pos = self.option_positions.get(unknown[0], pos)

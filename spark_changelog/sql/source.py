@@ -45,7 +45,7 @@ def read_source(ctx: Context, t: TableDef, pos: Position,
     if operation is not None:
         t = dataclasses.replace(t, columns=tuple(col for col in t.columns
                                                  if col.name != operation))
-    kw = {}
+    kw = {"options": c.format_options}
     if c.reader_format == "changelog":
         kw.update(changelog_file_format=c.changelog_file_format,
                   kind_column=operation or operation_column(c),

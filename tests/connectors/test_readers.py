@@ -249,7 +249,7 @@ def test_canal(spark):
             "field 'id': primary key is missing or null (in data[1])"),
         (7, "field 'price': value \"cheap\" is not a DECIMAL(10,2) (in old[0])"),
         (8, "field 'type': TRUNCATE cannot be expressed as row changes"),
-        (9, "field 'type': unknown value \"UPSERT\" (expected INSERT, UPDATE or DELETE)"),
+        (9, "field 'type': unknown value \"UPSERT\" (expected INSERT, INIT, UPDATE or DELETE)"),
     ]
     assert skipped == [(5, "ignored", "Canal type 'CREATE' (DDL) ignored")]
 
