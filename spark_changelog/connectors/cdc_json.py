@@ -368,6 +368,10 @@ def read_changes(
 ) -> ReadResult:
     """Read CDC files at ``path`` into a changelog stream (docs/semantics.md, sections 1-2).
 
+    ``path``: files, or a DataFrame of records (a ``value`` column, string or
+    binary, plus Kafka's ``topic``, ``partition``, ``offset``, ``timestamp``
+    when present: Spark's Kafka source; :mod:`.kafka`), batch or streaming as
+    the DataFrame is.
     ``format``: ``debezium-json``, ``canal-json``, ``maxwell-json`` or ``changelog``
     (files with an explicit kind column, ``changelog_file_format`` = ``json``,
     ``csv`` with a header line, ``parquet`` or ``avro``; ``kind_column=None``:
@@ -387,7 +391,13 @@ def read_changes(
         raise ValueError(
             f"unknown changelog_file_format {changelog_file_format!r}: expected one of {CHANGELOG_FILE_FORMATS}"
         )
-    if streaming and not isinstance(path, str):
+    if isinstance(path, DataFrame):
+        # a stream of records (Spark's Kafka source, or any DataFrame with a
+        # ``value`` column): connectors.kafka.frame_lines
+        if format == "changelog" and changelog_file_format != "json":
+            raise ValueError("a DataFrame source holds JSON records: changelog_file_format='json'")
+        streaming = path.isStreaming
+    elif streaming and not isinstance(path, str):
         raise ValueError("a streaming read takes one path (a directory or a glob), not a list")
     if max_files_per_trigger is not None and int(max_files_per_trigger) < 1:
         raise ValueError("max_files_per_trigger must be a positive integer")
@@ -397,7 +407,7 @@ def read_changes(
     struct = resolve_schema(schema, format)
     _check_columns(struct, key, format, kind_column, seq_column)
     options = options or FormatOptions()
-    _check_metadata(struct, key, format, options)
+    _check_metadata(struct, key, format, options, isinstance(path, DataFrame))
     ctx = ReadContext(
         spark=spark, path=path, format=format, schema=struct, primary_key=key,
         streaming=bool(streaming), strict=bool(strict),
@@ -481,11 +491,18 @@ def _check_columns(schema: T.StructType, key: tuple[str, ...], fmt: str, kind_co
             raise ValueError("kind_column and seq_column must differ")
 
 
-def _check_metadata(schema: T.StructType, key: tuple[str, ...], fmt: str, options: FormatOptions) -> None:
+def _check_metadata(schema: T.StructType, key: tuple[str, ...], fmt: str, options: FormatOptions,
+                    frame: bool) -> None:
     from spark_changelog.connectors.format_options import metadata_key
+    from spark_changelog.connectors.kafka import KAFKA_METADATA
     names = schema.fieldNames()
     for column, mkey in options.metadata:
-        metadata_key(fmt, mkey)
+        if mkey in KAFKA_METADATA:
+            if not frame:
+                raise ValueError(f"metadata key {mkey!r} of column {column!r} is a Kafka record's: a "
+                                 "source of files has none")
+        else:
+            metadata_key(fmt, mkey)
         if column not in names:
             raise ValueError(f"metadata column {column!r} is not a column of the schema")
         if column in key:
@@ -587,6 +604,11 @@ def read_lines(ctx: ReadContext, keep_header: bool = False, parser=None) -> Data
     returned.  A ``parser`` (``lines.read_lines``) adds its typed columns and
     leaves ``raw`` NULL on the lines it does not need the text of.
     """
+    if isinstance(ctx.path, DataFrame):
+        from spark_changelog.connectors.kafka import frame_lines
+        if keep_header or parser is not None:
+            raise ValueError("a DataFrame source has no header line and no Arrow line task")
+        return frame_lines(ctx.path)
     from spark_changelog.connectors.lines import read_lines as numbered_lines
     return numbered_lines(ctx.spark, ctx.path, streaming=ctx.streaming,
                           max_files_per_trigger=ctx.max_files_per_trigger, keep_header=keep_header,
@@ -762,7 +784,10 @@ def typed_struct(raw: Sql, schema: T.StructType, *, strings: bool = False,
 
 def metadata_columns(ctx: "ReadContext", values: Mapping[str, Sql]) -> dict[str, Sql]:
     """column -> SQL value of the ``METADATA FROM`` columns, from the format's
-    ``values`` (metadata key -> SQL over the record)."""
+    ``values`` (metadata key -> SQL over the record) and, for a DataFrame
+    source, the Kafka record's fields (``connectors.kafka``)."""
+    from spark_changelog.connectors.kafka import KAFKA_METADATA
+    values = {**values, **{k: column for k, (_, column) in KAFKA_METADATA.items()}}
     return {column: values[key] for column, key in ctx.options.metadata}
 
 

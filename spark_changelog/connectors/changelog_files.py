@@ -108,7 +108,7 @@ def arrow_parser(ctx: C.ReadContext):
     """The line task's parser (:mod:`changelog_arrow`) of changelog JSON
     files whose columns are all of the fast types, else None (then every line
     takes the VARIANT path)."""
-    if ctx.changelog_file_format != "json" or \
+    if ctx.changelog_file_format != "json" or isinstance(ctx.path, DataFrame) or \
             not all(isinstance(f.dataType, FAST_TYPES) for f in ctx.schema.fields):
         return None
     from spark_changelog.connectors.changelog_arrow import ChangelogArrowParser

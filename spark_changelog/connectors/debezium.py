@@ -115,7 +115,7 @@ def arrow_parser(ctx: C.ReadContext):
     (metadata columns, table filters), else None (then every line takes the
     VARIANT path)."""
     schema, key, options = ctx.schema, ctx.primary_key, ctx.options
-    if options.metadata or options.database_include or options.table_include:
+    if isinstance(ctx.path, DataFrame) or options.metadata or options.database_include or options.table_include:
         return None
     if not all(isinstance(f.dataType, FAST_TYPES) for f in schema.fields):
         return None

@@ -144,7 +144,11 @@ def format_option_keys(fmt: str) -> tuple[str, ...]:
 
 def metadata_key(fmt: str, key: str) -> str:
     """The format's metadata key of ``METADATA FROM 'key'``: Kafka's
-    ``value.`` prefix is optional.  ValueError naming the keys there are."""
+    ``value.`` prefix is optional; ``topic``, ``partition``, ``offset`` and
+    ``timestamp`` are the Kafka record's.  ValueError naming the keys there are."""
+    from spark_changelog.connectors.kafka import KAFKA_METADATA
+    if key in KAFKA_METADATA:
+        return key            # the Kafka record's own fields (Flink's Kafka connector keys)
     keys = METADATA_KEYS.get(fmt)
     if keys is None:
         raise ValueError(f"format {fmt!r} has no metadata columns (debezium-json, canal-json and "

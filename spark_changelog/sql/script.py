@@ -33,6 +33,7 @@ from sqlglot.errors import ParseError, TokenError
 from sqlglot.tokens import Token, TokenType
 
 from ..connectors.format_options import FormatOptions, format_option_keys, from_table_options
+from ..connectors.kafka import KAFKA_OPTIONS
 from ..model.watermark import duration_ms
 from .dialect import Explain, Flink, MetadataColumnConstraint, StatementSetBegin
 from .errors import SqlError, UnsupportedFeature
@@ -47,16 +48,19 @@ FILESYSTEM_FORMATS = {
     "parquet": ("changelog", "parquet"),
     "avro": ("changelog", "avro"),
 }
-CONNECTORS = ("filesystem", "delta", "jdbc", "postgres", "print", "blackhole")
+CONNECTORS = ("filesystem", "kafka", "delta", "jdbc", "postgres", "print", "blackhole")
 #: a sink table that holds the SCD type 2 history of what is inserted (sql/history_sink.py)
 HISTORY_OPTIONS = ("spark-changelog.scd-type", "spark-changelog.track-history",
                    "spark-changelog.ignore-null-updates", "spark-changelog.sequence-by")
+#: formats a Kafka topic's records can have -> (reader format, changelog file format)
+KAFKA_FORMATS = {f: FILESYSTEM_FORMATS[f] for f in ("debezium-json", "canal-json", "maxwell-json", "json")}
 #: the WITH options each connector takes besides 'connector' (and 'path'/'format')
 CONNECTOR_OPTIONS = {
     "filesystem": ("changelog.kind-column", "changelog.seq-column", "csv.field-delimiter",
                    "csv.quote-character", "csv.escape-character",
                    "source.max-files-per-trigger", "source.monitor-interval", "source.ordered",
                    "changelog.mode"),
+    "kafka": KAFKA_OPTIONS,
     "delta": HISTORY_OPTIONS,
     "postgres": ("url", "table-name", "username", "password") + HISTORY_OPTIONS,
     "print": ("print-identifier",),
@@ -559,6 +563,8 @@ class _Builder:
             return Connector("filesystem", path, fmt, reader, file_format,
                              tuple(sorted(opts.items())),
                              self.format_options(table, fmt, opts, metadata, pos))
+        if kind == "kafka":
+            return self.kafka(table, opts, pos, metadata)
         if metadata:
             raise self.error(f"table {table}: metadata column {metadata[0][0]!r}: connector "
                              f"{kind!r} has no metadata (format metadata is read by the "
@@ -576,6 +582,31 @@ class _Builder:
             opts["path"] = path
         self.check_options(table, kind, opts, pos)
         return Connector(kind, path, None, None, None, tuple(sorted(opts.items())))
+
+    def kafka(self, table: str, opts: dict, pos: Position, metadata: tuple) -> Connector:
+        """``'connector' = 'kafka'`` (Flink's option names; connectors/kafka.py
+        maps them to Spark's Kafka source).  The format is ``format`` or
+        ``value.format``; with ``value.format`` its options may carry Flink's
+        ``value.`` prefix (``value.debezium-json.ignore-parse-errors``)."""
+        fmt = opts.get("value.format") or opts.get("format")
+        if fmt is None or fmt.lower() not in KAFKA_FORMATS:
+            raise self.error(f"table {table}: connector 'kafka' needs 'format' (or 'value.format'), "
+                             f"one of {', '.join(KAFKA_FORMATS)}" + (f" (got {fmt!r})" if fmt else ""), pos)
+        fmt = fmt.lower()
+        opts.pop("format", None)
+        plain = {k[len("value."):] if k.startswith("value.") and k != "value.format" else k: v
+                 for k, v in opts.items()}
+        keys = format_option_keys(fmt)
+        broker = {k: v for k, v in plain.items() if k not in keys}
+        unknown = sorted(k for k in broker if k not in KAFKA_OPTIONS and not k.startswith("properties."))
+        if unknown:
+            raise self.error(f"table {table}: unsupported option(s) {', '.join(map(repr, unknown))} for "
+                             f"connector 'kafka' (supported: 'topic', 'properties.*', 'format', "
+                             f"{', '.join(repr(k) for k in KAFKA_OPTIONS if k != 'topic')} and the "
+                             f"format's options)", self.option_positions.get(unknown[0], pos))
+        reader, file_format = KAFKA_FORMATS[fmt]
+        return Connector("kafka", None, fmt, reader, file_format, tuple(sorted(broker.items())),
+                         self.format_options(table, fmt, plain, metadata, pos))
 
     def format_options(self, table: str, fmt: str, opts: dict, metadata: tuple,
                        pos: Position) -> FormatOptions:

@@ -39,12 +39,19 @@ def read_source(ctx: Context, t: TableDef, pos: Position,
     changelog whose operation is that column (``FROM_CHANGELOG``, which
     removes it from the columns)."""
     c = t.connector
-    if c.kind != "filesystem":
+    if c.kind not in ("filesystem", "kafka"):
         raise ctx.error(f"table {t.name} (connector {c.kind!r}) cannot be read: "
-                        "sources are 'filesystem' tables", pos, UnsupportedFeature)
+                        "sources are 'filesystem' and 'kafka' tables", pos, UnsupportedFeature)
     if operation is not None:
         t = dataclasses.replace(t, columns=tuple(col for col in t.columns
                                                  if col.name != operation))
+    path = c.path
+    if c.kind == "kafka":
+        from ..connectors import kafka
+        try:
+            path = kafka.kafka_frame(ctx.spark, dict(c.options), ctx.streaming)
+        except (kafka.KafkaUnavailable, ValueError) as e:
+            raise ctx.error(f"table {t.name}: {e}", t.position) from None
     kw = {"options": c.format_options}
     if c.reader_format == "changelog":
         kw.update(changelog_file_format=c.changelog_file_format,
@@ -65,7 +72,7 @@ def read_source(ctx: Context, t: TableDef, pos: Position,
     files = c.option("source.max-files-per-trigger")
     max_files = int(files) if files else ctx.max_files_per_trigger
     try:
-        stream = read_changes(ctx.spark, c.path, format=c.reader_format,
+        stream = read_changes(ctx.spark, path, format=c.reader_format,
                               schema=t.schema_ddl(), primary_key=t.primary_key or None,
                               streaming=ctx.streaming, strict=ctx.strict,
                               max_files_per_trigger=max_files, name=t.name, **kw)

@@ -36,6 +36,11 @@ TRICKY = [
     '{"op":"c","after":{"id":17},"source":{"file":"mysql-bin.9999999999","pos":1}}',
     '{"op":"c","after":{"id":18},"ts_ms":4398046511104}', '{"op":"c","after":{"id":19,"name":"\\u00e9\\ud83d\\ude00"}}',
     '{"op":"c","after":{"id":20},"source":{"lsn":21}}\r',
+    # values that do not fit their column: dead letters on both paths, never truncated
+    '{"op":"c","after":{"id":45,"n":50.5},"source":{"lsn":27}}', '{"op":"c","after":{"id":46,"n":true}}',
+    '{"op":"c","after":{"id":9223372036854775808}}', '{"op":"c","after":{"id":5e1},"source":{"lsn":28}}',
+    '{"op":"c","after":{"id":47,"n":-2147483649}}', '{"op":"c","after":{"id":48,"n":"12"}}',
+    '{"op":"c","after":{"id":49,"n":12.0}}',
 ]
 #: lines for the line task's finished rows (kinds, values, nulls, every kind of
 #: position, and lines it must leave to the VARIANT path): a file of their own,
