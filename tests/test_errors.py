@@ -108,7 +108,7 @@ def sql_syntax(tmp):
 
 
 def unknown_connector(tmp):
-    p = script(tmp, "CREATE TABLE a (id INT) WITH ('connector' = 'kafka');\n")
+    p = script(tmp, "CREATE TABLE a (id INT) WITH ('connector' = 'rabbitmq');\n")
     return ["explain", p], {"p": p}, None
 
 
@@ -240,8 +240,8 @@ PRE_SPARK = [
     Mistake("SQL syntax", sql_syntax,
             "error: {p}:2:47: Expected DEDUPLICATE, ERROR or NOTHING after ON CONFLICT DO", 2),
     Mistake("unknown connector", unknown_connector,
-            "not supported: {p}:1:31: table a: unknown connector 'kafka': expected one of "
-            "filesystem, delta, jdbc, postgres, print, blackhole", 3),
+            "not supported: {p}:1:31: table a: unknown connector 'rabbitmq': expected one of "
+            "filesystem, kafka, delta, jdbc, postgres, print, blackhole", 3),
     Mistake("filesystem source without a path", filesystem_without_path,
             "error: {p}:1:31: table a: connector 'filesystem' needs 'path'", 2),
     Mistake("wrong input path", wrong_input_path,
