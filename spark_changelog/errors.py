@@ -162,6 +162,12 @@ def _sort_spark(err, where, facts) -> Optional[UserError]:
     cls = _spark_condition(err) or ""
     msg = _spark_message(err)
     text = str(err)
+    if cls == "STREAM_FAILED":      # the streaming query's wrapper: what failed is inside
+        inner = re.search(r"terminated with exception: (?:\[([A-Z][A-Z0-9_]+)(?:\.[A-Z0-9_]+)?\]"
+                          r"\s*)?([^\n]*)", _clean(text))
+        if inner:
+            cls = inner.group(1) or ""
+            msg = re.sub(r"\s*SQLSTATE: \w+\.?", "", inner.group(2)).strip()
     worker = _python_worker_error(text)
     if worker is not None:
         return worker if worker.where else _with_where(worker, where)

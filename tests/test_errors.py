@@ -657,3 +657,23 @@ def test_the_python_api_checks_its_sink_path_before_the_job(spark, tmp):
         ChangelogStream.from_dataframe(df, primary_key=["id"]).write_upsert(f"{tmp}/t")
     assert str(e.value).splitlines()[0] == f"error: table path {tmp}/t is a file, not a directory"
     assert open(f"{tmp}/t").read() == "keep me"
+
+
+def test_spark_errors_inside_a_failed_streaming_query_are_sorted_by_their_own_class():
+    from spark_changelog.errors import _sort_spark
+
+    from pyspark.errors import PySparkException
+    text = ("[STREAM_FAILED] Query [id = 1, runId = 2] terminated with exception: "
+            "[STREAMING_STATEFUL_OPERATOR_NOT_MATCH_IN_STATE_METADATA] Streaming stateful "
+            "operator name does not match with the operator in state metadata. SQLSTATE: 42K03")
+    # the shape of StreamingQueryException (its own message, no JVM needed)
+    err = type("StreamFailed", (PySparkException,), {"getCondition": lambda self: "STREAM_FAILED",
+                                                     "__str__": lambda self: text})(message=text)
+    found = _sort_spark(err, "INSERT INTO out (job.sql line 5)", {"checkpoint": "ck/query"})
+    assert found.exit_code == 4
+    assert found.render().splitlines() == [
+        "error: INSERT INTO out (job.sql line 5): the checkpoint's state does not fit this query "
+        "([STREAMING_STATEFUL_OPERATOR_NOT_MATCH_IN_STATE_METADATA] Streaming stateful operator "
+        "name does not match with the operator in state metadata.)",
+        "  what to do: run the script that wrote ck/query, or start a new --checkpoint DIR (the "
+        "query then reads its sources again from the start)"]
