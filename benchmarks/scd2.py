@@ -72,8 +72,8 @@ def spark_auto_cdc(inp: str, work: str, log: str) -> dict:
         fh.write(PIPELINE.format(inp=inp))
     import pyspark
     bindir = os.path.dirname(sys.executable)
-    env = dict(os.environ, SPARK_HOME=os.path.dirname(pyspark.__file__), PYSPARK_PYTHON=sys.executable,
-               PATH=bindir + os.pathsep + os.environ.get("PATH", ""))
+    env = dict(os.environ, SPARK_HOME=os.path.dirname(pyspark.__file__),
+               PYSPARK_PYTHON=sys.executable, PATH=bindir + os.pathsep + os.environ.get("PATH", ""))
     t = time.perf_counter()
     proc = subprocess.run([os.path.join(bindir, "spark-pipelines"), "run"], cwd=project, env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -120,7 +120,8 @@ def main(argv=None) -> None:
         secs, stdout = run_process(cmd + extra, log)
         result["runs"][name] = {"seconds": round(secs, 2), "load_before": load,
                                 "load_after": machine_load(), "summary": stdout.strip()}
-        print(f"  {name + ' (whole process):':44s} {secs:6.1f} s   (load {load} -> {machine_load()})")
+        print(f"  {name + ' (whole process):':44s} {secs:6.1f} s   "
+              f"(load {load} -> {machine_load()})")
 
     ours("ours SCD2 (normalize --scd-type 2)", "history", ["--scd-type", "2"])
     ours("ours SCD1 (normalize)", "table", [])

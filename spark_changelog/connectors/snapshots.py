@@ -85,13 +85,14 @@ def delta_snapshots(spark, path: str, versions: Optional[Sequence[int]] = None,
     """``(snapshots, versions)``: the table's state at each of ``versions``
     (default: every version), each read by Spark from the Parquet files that
     version lists (the Delta log is read here; the data never is)."""
+    import pyarrow as pa
     from deltalake import DeltaTable
     latest = DeltaTable(path, storage_options=storage_options).version()
     versions = list(range(latest + 1)) if versions is None else [int(v) for v in versions]
     frames = []
     for v in versions:
         dt = DeltaTable(path, version=v, storage_options=storage_options)
-        schema = dt.schema().to_arrow() if hasattr(dt.schema(), "to_arrow") else dt.schema().to_pyarrow()
+        schema = pa.schema(dt.schema().to_arrow())
         files = dt.file_uris()
         if files:
             frames.append(spark.read.parquet(*files).select(*schema.names))

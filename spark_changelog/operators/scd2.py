@@ -58,8 +58,9 @@ class ScdType2History(KeyedOperator):
     ``sequence_by``: the columns that order a key's changes, compared field by
     field (ties broken by the next field, then by the source sequence
     ``_seq``); ``()`` orders by ``_seq`` alone.  ``columns``: the history's
-    data columns (default: all; the key among them); ``track_history``: the columns whose
-    change opens a version (default: every non-key column of ``columns``).
+    data columns (default: all; the key among them); ``track_history``: the
+    columns whose change opens a version (default: every non-key column of
+    ``columns``).
     Input ``-U`` rows are dropped (the ``+U`` carries the new row)."""
 
     name = "ScdType2History"
@@ -94,10 +95,10 @@ class ScdType2History(KeyedOperator):
                       or [pa.field(SEQ_COL, pa.int64())])
         self.history_key = self.key + self.start_columns
         # state: the key's applied changes (key columns first)
-        stored = list(self.key) + [c for c in values] + [
+        stored = list(self.key) + list(values) + [
             c for c in self.sequence_by if c not in self.columns]
-        self._state_schema = pa.schema([input_schema.field(c) for c in stored]
-                                       + [input_schema.field(KIND_COL), input_schema.field(SEQ_COL)])
+        self._state_schema = pa.schema([input_schema.field(c)
+                                        for c in stored + [KIND_COL, SEQ_COL]])
         self._output_schema = pa.schema(
             [input_schema.field(c) for c in self.columns]
             + [pa.field(n, f.type) for n, f in zip(self.start_columns, seq_fields)]
