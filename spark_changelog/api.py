@@ -261,10 +261,10 @@ class ChangelogStream:
                                         state_ttl_ms, key_groups))
 
     def group_by(self, *keys: Union[str, Sequence[str]]) -> "GroupedStream":
-        """``GROUP BY keys``; finish with ``.agg(...)``."""
+        """``GROUP BY keys``; finish with ``.agg(...)``.  No keys: one global
+        group (SQL's aggregate without ``GROUP BY``), which runs as one key
+        in one task, as Flink runs it with parallelism 1."""
         cols = tuple(c for k in keys for c in as_key(k))
-        if not cols:
-            raise ValueError("group_by needs at least one column")
         missing = [c for c in cols if c not in self.traits.columns]
         if missing:
             raise ValueError(f"group_by: column(s) {missing} not among {list(self.traits.columns)}")

@@ -131,11 +131,11 @@ def _lower(node: Node) -> Lowered:
         return _deduplicate(node, lower(node.input))
     if isinstance(node, Aggregate):
         from ..operators.aggregate.group_aggregate import GroupAggregate
-        inp = lower(node.input)
-        op = GroupAggregate(operator_schema_of(inp.data_df), node.key, node.aggs,
+        inp, key = _keyed_input(lower(node.input), node.key)
+        op = GroupAggregate(operator_schema_of(inp.data_df), key, node.aggs,
                             generate_update_before=node.generate_update_before,
                             emit_unchanged=node.emit_unchanged, state_ttl_ms=node.state_ttl_ms)
-        return _keyed(inp, inp.df, op, node.key_groups)
+        return _without_global_key(_keyed(inp, inp.df, op, node.key_groups))
     if isinstance(node, TopN):
         from ..operators.top_n import AppendOnlyTopN, RetractableTopN
         inp, partition = _keyed_input(lower(node.input), node.partition_by)
@@ -203,7 +203,7 @@ def _deduplicate(node: Deduplicate, inp: Lowered) -> Lowered:
 
 def _keyed_input(inp: Lowered, key: tuple) -> tuple[Lowered, tuple]:
     """The input and key of a keyed operator.  A query without keys (a global
-    Top-N, deduplication or session window) runs as one key: a constant
+    Top-N, deduplication, aggregation or session window) runs as one key: a constant
     hidden column (:data:`~spark_changelog.operators.keys.GLOBAL_KEY`), so
     every row lands in one key group, as Flink runs it with parallelism 1.
     The plan node keeps the empty key (explain shows ``partitionBy=[]``)."""

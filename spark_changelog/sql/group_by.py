@@ -12,35 +12,88 @@ from sqlglot import exp
 
 from .context import Context
 from .dialect import Flink
-from .errors import SqlError
+from .errors import SqlError, UnsupportedFeature
 from .projection import project
 from .relation import Field, Relation
 from .script import Position, node_position
 
 
 def aggregate(ctx: Context, rel: Relation, q: exp.Select, pos: Position) -> Relation:
-    """``SELECT keys..., AGG(col) ... GROUP BY keys``.  Select items are group
-    columns or one aggregate call of a column each."""
+    """``SELECT keys..., AGG(expr) [FILTER (WHERE cond)] ... [GROUP BY keys]``.
+    Select items are group columns or one aggregate call each.  Without
+    ``GROUP BY`` the whole stream is one group (Flink runs it with
+    parallelism 1).  An aggregate's argument that is not a column, or a
+    ``FILTER``, is computed as a hidden column before the aggregation
+    (:func:`call_over_columns`)."""
+    group = q.args.get("group")
+    for g in group.expressions if group is not None else ():
+        for cls, kind in ((exp.Rollup, "ROLLUP"), (exp.Cube, "CUBE"),
+                          (exp.GroupingSets, "GROUPING SETS")):
+            if isinstance(g, cls):
+                raise ctx.error(f"GROUP BY {kind} is not supported yet (one grouping per query: "
+                                "write each grouping as its own INSERT)",
+                                ctx.keyword_position(g, kind.split()[0], pos), UnsupportedFeature)
     keys = []
-    for g in q.args["group"].expressions:
+    for g in group.expressions if group is not None else ():
         if not isinstance(g, exp.Column):
             raise ctx.unsupported("GROUP BY takes columns (compute an expression in a "
                                   "view first)", g, pos)
         keys.append(ctx.resolve(g, rel, pos).column)
+    hidden: list = []
     calls, named = grouped_select_items(
         ctx, q, rel, pos, lambda f: f.column if f.column in keys else None,
-        lambda call: ctx.spark_sql(call, rel, pos, allow_aggregates=True),
+        lambda call: call_over_columns(ctx, call, rel, pos, hidden),
         "in a GROUP BY query, a select item is a group column or one aggregate call "
-        "(AGG(column)); expressions over them are not supported yet")
+        "(AGG(expression)); expressions over aggregates are not supported yet")
+    stream = rel.stream
+    if hidden:
+        with ctx.analysis("aggregate arguments", q.expressions, pos):
+            stream = stream.select(*stream.schema.columns, **dict(hidden))
     try:
         with ctx.analysis("aggregation", q.expressions, pos):
-            stream = rel.stream.group_by(*keys).agg(
+            stream = stream.group_by(*keys).agg(
                 state_ttl_ms=ctx.settings.state_ttl_ms, **ctx.keyed(), **calls)
     except ValueError as e:
         if isinstance(e, SqlError):
             raise
-        raise ctx.error(str(e), node_position(q.args["group"], pos)) from None
+        raise ctx.error(str(e), node_position(group or q, pos)) from None
     return grouped_relation(ctx, stream, named, pos, q.expressions)
+
+
+def is_aggregate_item(body: exp.Expr) -> bool:
+    """An aggregate call, with or without ``FILTER (WHERE ...)``."""
+    return isinstance(body, exp.AggFunc) or (isinstance(body, exp.Filter)
+                                             and isinstance(body.this, exp.AggFunc))
+
+
+def call_over_columns(ctx: Context, node: exp.Expr, rel: Relation, pos: Position,
+                      hidden: list) -> str:
+    """The text of an aggregate call over columns only.  A call whose
+    argument is an expression (``SUM(a * b)``, ``COUNT(DISTINCT CONCAT(a,
+    b))``, ``MAX(CASE ...)``) or that has ``FILTER (WHERE cond)`` aggregates a
+    hidden column (``$agg0``, ...; appended to ``hidden`` as (name, Spark
+    SQL)): the argument, under a filter ``CASE WHEN cond THEN arg END`` (a row
+    the filter rejects is a null, which every function but ``COUNT(*)``
+    ignores; ``COUNT(*) FILTER`` counts ``CASE WHEN cond THEN 1 END``)."""
+    cond = None
+    if isinstance(node, exp.Filter):
+        cond, node = node.expression.this, node.this
+    call = node.copy()
+    distinct = isinstance(call.this, exp.Distinct)
+    arg = call.this.expressions[0] if distinct and call.this.expressions else call.this
+    if distinct and len(call.this.expressions) != 1:
+        raise ctx.unsupported("COUNT(DISTINCT ...) of several expressions is not supported yet "
+                              "(count the DISTINCT of one expression, e.g. CONCAT_WS)", node, pos)
+    if isinstance(arg, exp.Star) and cond is not None:
+        arg = exp.Literal.number(1)
+    if cond is None and (isinstance(arg, (exp.Column, exp.Star)) or arg is None):
+        return ctx.spark_sql(call, rel, pos, allow_aggregates=True)
+    value = arg if cond is None else exp.Case(ifs=[exp.If(this=cond.copy(), true=arg.copy())])
+    ctx.check_expression(value, pos)
+    name = f"$agg{len(hidden)}"
+    hidden.append((name, ctx.spark_sql(value, rel, pos)))
+    column = f"`{name}`"
+    return f"{call.sql_name()}({'DISTINCT ' if distinct else ''}{column})"
 
 
 def grouped_select_items(ctx: Context, q: exp.Select, rel: Relation, pos: Position,
@@ -62,7 +115,7 @@ def grouped_select_items(ctx: Context, q: exp.Select, rel: Relation, pos: Positi
                                 "aggregated: add it to GROUP BY or aggregate it",
                                 node_position(body, pos))
             named[alias or f.name] = column
-        elif isinstance(body, exp.AggFunc):
+        elif is_aggregate_item(body):
             name = alias or f"EXPR${idx}"
             calls[name] = call_of(body)
             named[name] = name
@@ -93,7 +146,7 @@ def having(ctx: Context, rel: Relation, q: exp.Select, pos: Position,
     items = {}
     for idx, item in enumerate(q.expressions):
         body = item.this if isinstance(item, exp.Alias) else item
-        if isinstance(body, exp.AggFunc):
+        if is_aggregate_item(body):
             items.setdefault(body.sql(dialect=Flink).lower(), rel.fields[idx])
     cond = cond_node.this.copy()
     extra = []
@@ -141,4 +194,4 @@ def distinct(ctx: Context, rel: Relation, q: exp.Select, pos: Position) -> Relat
     return Relation(stream, out.fields)
 
 
-__all__ = ["aggregate", "grouped_select_items", "grouped_relation", "having", "distinct"]
+__all__ = ["aggregate", "call_over_columns", "is_aggregate_item", "grouped_select_items", "grouped_relation", "having", "distinct"]

@@ -115,8 +115,7 @@ class Translator:
         if not isinstance(q, exp.Select):
             raise ctx.unsupported(f"{q.key.upper()} is not supported here", q, pos)
         if q.args.get("with_"):
-            raise ctx.unsupported("WITH (common table expressions) is not supported yet: use "
-                                  "CREATE TEMPORARY VIEW", q.args["with_"], pos)
+            return self.with_query(q, pos)
         self._check_select(q, pos)
         from_ = q.args.get("from_")
         if from_ is None:
@@ -138,13 +137,35 @@ class Translator:
                 return group_by.having(ctx, window_tvf.aggregate(ctx, rel, q, pos), q, pos,
                                        self.query)
             rel = window_tvf.table_function(ctx, rel, q, pos)
-        if q.args.get("group"):
+        if q.args.get("group") or _has_aggregates(q):
             return group_by.having(ctx, group_by.aggregate(ctx, rel, q, pos), q, pos, self.query)
         if q.args.get("distinct"):
             return group_by.distinct(ctx, rel, q, pos)
         if any(row_number.is_rank_item(e) for e in q.expressions):
             return row_number.rank_relation(ctx, rel, q, pos)
         return projection.project(ctx, rel, q.expressions, pos)
+
+    def with_query(self, q: exp.Select, pos: Position) -> Relation:
+        """``WITH a AS (SELECT ...), b AS (...) SELECT ...``: each common table
+        expression is a view visible to the ones after it and to the query
+        (expanded where it is used, as ``CREATE TEMPORARY VIEW``), for this
+        query only."""
+        with_ = q.args["with_"]
+        if with_.args.get("recursive"):
+            raise self.ctx.unsupported("WITH RECURSIVE is not supported yet", with_, pos)
+        saved = dict(self.views)
+        try:
+            for cte in with_.expressions:
+                name = cte.alias
+                if name in self.tables:
+                    raise self.ctx.error(f"WITH {name}: a table of that name is defined",
+                                         node_position(cte, pos))
+                self.views[name] = ViewDef(name, cte.this, True, node_position(cte.this, pos))
+            body = q.copy()
+            body.set("with_", None)
+            return self.query(body, pos)
+        finally:
+            self.views = saved
 
     def _check_select(self, q: exp.Select, pos: Position) -> None:
         ctx = self.ctx
@@ -157,11 +178,10 @@ class Translator:
             if node:
                 raise ctx.error(message, ctx.keyword_position(node, keyword, pos),
                                 UnsupportedFeature)
-        grouped = bool(q.args.get("group"))
+        grouped = bool(q.args.get("group")) or _has_aggregates(q)
         if q.args.get("having") and not grouped:
-            raise ctx.error("HAVING needs GROUP BY (aggregates without GROUP BY are not "
-                            "supported yet)", ctx.keyword_position(
-                                q.args["having"], "HAVING", pos), UnsupportedFeature)
+            raise ctx.error("HAVING needs GROUP BY or an aggregate in the select list",
+                            ctx.keyword_position(q.args["having"], "HAVING", pos))
         for e in q.expressions:
             if row_number.is_rank_item(e):
                 if grouped or q.args.get("distinct"):
@@ -211,6 +231,13 @@ class Translator:
         if key not in self._sources:
             self._sources[key] = read_source(self.ctx, t, pos, operation)
         return self._sources[key]
+
+
+def _has_aggregates(q: exp.Select) -> bool:
+    """Whether a select item calls an aggregate function (outside OVER):
+    without GROUP BY, the query is a global aggregation."""
+    return any(isinstance(n, exp.AggFunc) and not isinstance(n.parent, exp.Window)
+               for e in q.expressions for n in e.walk())
 
 
 __all__ = ["Translator"]
