@@ -3,6 +3,7 @@ against Spark's native streaming aggregation in the same run.
 
     scripts/bench streaming [--events 2000000] [--ids 1000000] [--files 4]
                             [--max-files-per-trigger N] [--no-fold] [--only ours,native]
+                            [--checkpoint-managers ROUNDS]
 
 Input: Debezium JSON files from ``benchmarks/whole_job.py``'s generator
 (``id, g, v``; creates, updates, deletes; cached in ``--cache``).  Each job is
@@ -16,6 +17,13 @@ other, never at the same time:
   ``groupBy(id).agg(max_by(struct(g, v, op), lsn))`` (update mode, RocksDB
   state store) -> ``foreachBatch`` merging into Delta with ``deltalake``
   (delete where the last op is ``d``).
+
+``--checkpoint-managers ROUNDS``: ours only, with Spark's default checkpoint
+file manager (what local sessions use, docs/runtime.md "The checkpoint file
+manager replaces files") against Hadoop's ``FileSystem``-based one (used
+before; it drops a replayed batch's state files), alternating A, B, A, B, ...
+in one run; the per-batch times and the load go to
+``benchmarks/results/checkpoint-managers-<time>.md``.
 
 Both read all files in one micro-batch by default (the first batch, empty
 state); ``--max-files-per-trigger 1`` makes one micro-batch per file.  Prints
@@ -68,12 +76,18 @@ class TreeCpu:
         return sum(self.seen.values())
 
 
-def ours_job(inp: str, out: str, ck: str, max_files: int, fold: bool) -> None:
+#: Hadoop's FileSystem-based checkpoint manager (local sessions' before issue #26)
+FILE_SYSTEM_MANAGER = ("org.apache.spark.sql.execution.streaming.checkpointing."
+                       "FileSystemBasedCheckpointFileManager")
+
+
+def ours_job(inp: str, out: str, ck: str, max_files: int, fold: bool, manager: str = "") -> None:
     from spark_changelog.api import read_debezium
     from spark_changelog.runtime.session import build_session
 
     t0 = time.perf_counter()
-    spark = build_session("bench-streaming")
+    spark = build_session("bench-streaming", configs={
+        "spark.sql.streaming.checkpointFileManagerClass": manager} if manager else None)
     ends = []
     s = read_debezium(spark, inp, SCHEMA_DDL, ["id"], streaming=True,
                       max_files_per_trigger=max_files)
@@ -162,7 +176,10 @@ def main(argv=None) -> None:
                     help="files per micro-batch (0: all files in one micro-batch)")
     ap.add_argument("--no-fold", action="store_true", help="ours without micro-batch folding")
     ap.add_argument("--only", default="ours,native")
-    ap.add_argument("--ours-job", nargs=5, help=argparse.SUPPRESS)
+    ap.add_argument("--ours-job", nargs="+", help=argparse.SUPPRESS)
+    ap.add_argument("--checkpoint-managers", type=int, default=0, metavar="ROUNDS",
+                    help="ours with Spark's default checkpoint manager against the FileSystem-based "
+                         "one, alternating, ROUNDS times each")
     ap.add_argument("--native-job", nargs=4, help=argparse.SUPPRESS)
     ap.add_argument("--phases", action="store_true",
                     help="ours only: the reader alone and reader + normalize into noop, "
@@ -170,8 +187,8 @@ def main(argv=None) -> None:
     ap.add_argument("--phases-job", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.ours_job:
-        inp, out, ck, mf, fold = args.ours_job
-        return ours_job(inp, out, ck, int(mf) or None, fold == "1")
+        inp, out, ck, mf, fold, *manager = args.ours_job
+        return ours_job(inp, out, ck, int(mf) or None, fold == "1", *manager)
     if args.phases_job:
         inp, work, fold = args.phases_job
         return phases_job(inp, work, fold == "1")
@@ -187,6 +204,8 @@ def main(argv=None) -> None:
     print(f"{args.events:,} Debezium events over {args.ids:,} ids in {args.files} files, "
           f"{'all files in one micro-batch' if not args.max_files_per_trigger else mf + ' file(s) per micro-batch'}; "
           f"load {machine_load()}; logs: {log}", flush=True)
+    if args.checkpoint_managers:
+        return compare_managers(args, inp, work, log)
     if args.phases:
         secs, out = run_process([sys.executable, __file__, "--phases-job", inp, work,
                                  "0" if args.no_fold else "1"], log)
@@ -221,6 +240,45 @@ def main(argv=None) -> None:
               "(above 1: ours faster)")
         same = final_table(os.path.join(work, "ours")).equals(final_table(os.path.join(work, "native")))
         print(f"  final tables equal: {same}")
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def compare_managers(args, inp: str, work: str, log: str) -> None:
+    """``--checkpoint-managers``: A/B alternating in one run (module docstring)."""
+    mf = str(args.max_files_per_trigger)
+    rows = []
+    for r in range(args.checkpoint_managers):
+        for name, manager in (("default (FileContext)", ""), ("FileSystem", FILE_SYSTEM_MANAGER)):
+            out, ck = os.path.join(work, f"{r}-{len(rows)}"), os.path.join(work, f"{r}-{len(rows)}-ck")
+            load0 = machine_load()
+            with TreeCpu() as tree:
+                secs, text = run_process([sys.executable, __file__, "--ours-job", inp, out, ck, mf,
+                                          "0" if args.no_fold else "1"] + ([manager] if manager else []), log)
+            info = last_json(text)
+            rows.append((name, secs, tree.seconds, info["batches"], f"{load0}-{machine_load()}"))
+            b = info["batches"]
+            print(f"  {name:<22} whole process {secs:6.1f} s, CPU {tree.seconds:6.1f} s | batches "
+                  f"{', '.join(f'{x:.2f}' for x in b)} s | later batches {sum(b[1:]):.2f} s   (load {rows[-1][4]})",
+                  flush=True)
+            shutil.rmtree(out, ignore_errors=True)
+            shutil.rmtree(ck, ignore_errors=True)
+    lines = [f"# Checkpoint managers, `scripts/bench streaming --checkpoint-managers {args.checkpoint_managers}`",
+             "", f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {args.events:,} events over "
+             f"{args.ids:,} ids in {args.files} files, {mf} file(s) per micro-batch; A/B alternating.", "",
+             "| manager | whole process s | CPU s | batches s | later batches s | load |", "|---|---|---|---|---|---|"]
+    for name, secs, cpu, b, load in rows:
+        lines.append(f"| {name} | {secs:.1f} | {cpu:.1f} | {', '.join(f'{x:.2f}' for x in b)} | "
+                     f"{sum(b[1:]):.2f} | {load} |")
+    for name in dict.fromkeys(r[0] for r in rows):
+        mine = [r for r in rows if r[0] == name]
+        lines.append(f"\n{name}: median whole process {sorted(r[1] for r in mine)[len(mine) // 2]:.1f} s, "
+                     f"median later batches {sorted(sum(r[3][1:]) for r in mine)[len(mine) // 2]:.2f} s")
+    results = os.path.join(ROOT, "benchmarks", "results")
+    os.makedirs(results, exist_ok=True)
+    path = os.path.join(results, f"checkpoint-managers-{time.strftime('%Y%m%d-%H%M', time.gmtime())}.md")
+    with open(path, "w") as fh:
+        fh.write("\n".join(lines) + "\n")
+    print("\n".join(lines[-len(dict.fromkeys(r[0] for r in rows)):]) + f"\nwritten: {path}")
     shutil.rmtree(work, ignore_errors=True)
 
 

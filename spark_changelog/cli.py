@@ -1,4 +1,4 @@
-"""Command line: ``spark-changelog run|explain|normalize|cat|demo``.
+"""Command line: ``spark-changelog run|explain|normalize|cat|demo|check``.
 
 Exit codes (docs/errors.md): 0 done; 1 the job failed on its input, a sink,
 a path or the disk (the message names row, file, table or path); 2 usage or
@@ -150,6 +150,16 @@ def cmd_demo(args) -> int:
     return run_demo(args.output, rows=args.rows, keys=args.keys, streaming=not args.batch)
 
 
+def cmd_check(args) -> int:
+    """Verify a streaming checkpoint without running its query
+    (docs/runtime.md, "A damaged checkpoint"); exit 1 when it is damaged."""
+    from .runtime.checkpoint import check_checkpoint
+    spark = None if args.files_only else _session(args)
+    report = check_checkpoint(args.checkpoint, spark)
+    print(report.summary())
+    return 0 if report.ok else 1
+
+
 def cmd_plot_watermarks(args) -> int:
     from .runtime.late_output import plot_event_time
     print(plot_event_time(args.directory, args.output))
@@ -239,6 +249,13 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--keys", type=int, default=20_000)
     d.add_argument("--batch", action="store_true", help="run as a batch job instead of streaming")
     d.set_defaults(func=cmd_demo)
+
+    k = sub.add_parser("check", help="verify a streaming checkpoint without running its query: "
+                                     "logs consistent, state loadable and complete, no dropped writes")
+    k.add_argument("checkpoint", help="the --checkpoint directory of `run` or `normalize`")
+    k.add_argument("--files-only", action="store_true",
+                   help="check the files only, without reading the state through Spark")
+    k.set_defaults(func=cmd_check)
 
     w = sub.add_parser("plot-watermarks", help="PNG of event time vs watermark vs arrival (and "
                                                "late rows) of a finished window query, from its "

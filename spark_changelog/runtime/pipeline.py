@@ -436,9 +436,11 @@ def run_to_sink(df, table, *, key, schema: pa.Schema, checkpoint: Optional[str] 
             except Exception as err:
                 if failure and isinstance(failure[0], _StopRequested):
                     report.interrupted = True
-                elif failure:
-                    raise failure[0] from err
                 else:
+                    from .checkpoint import reraise_damaged
+                    reraise_damaged(failure[0] if failure else err, main_ck)
+                    if failure:
+                        raise failure[0] from err
                     raise
     finally:
         if query.isActive:

@@ -14,10 +14,6 @@ import tempfile
 from typing import Mapping, Optional
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
-#: checkpoint files through Hadoop's ``FileSystem`` API (docs/runtime.md, "The
-#: fixed cost of a micro-batch")
-FILE_SYSTEM_CHECKPOINTS = ("org.apache.spark.sql.execution.streaming.checkpointing."
-                           "FileSystemBasedCheckpointFileManager")
 
 DEFAULT_CONFIGS = {
     # transformWithState needs RocksDB; it is also the provider whose checkpoints
@@ -54,16 +50,13 @@ LOCAL_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:-DontCompileHugeMethods"
 #: cluster's executors may get the package later, with ``--py-files``):
 #: PySpark's daemon, importing PySpark from the installed package rather
 #: than its zip (runtime/worker_daemon.py): ~1.5 s less per new worker.
-#: Spark's default checkpoint manager renames through Hadoop's FileContext,
-#: which on the local file system (no native Hadoop library) runs `readlink`
-#: as a child process for both paths of every rename: ~40 processes per
-#: micro-batch of a stateful query (offset and commit logs, the file source's
-#: log, each state-store partition's changelog), 0.2-0.4 s of each batch on a
-#: loaded machine.  The FileSystem manager renames with java.io.File (atomic
-#: on a local disk).
+#: Checkpoint files keep Spark's default manager (FileContext renames with
+#: OVERWRITE): a micro-batch replayed after a crash must replace the state
+#: files its killed attempt wrote.  Hadoop's FileSystem-based manager, faster
+#: locally, silently keeps the old file instead (docs/runtime.md, "The
+#: checkpoint file manager replaces files").
 LOCAL_CONFIGS = {"spark.driver.extraJavaOptions": LOCAL_JAVA_OPTIONS,
-                 "spark.python.daemon.module": "spark_changelog.runtime.worker_daemon",
-                 "spark.sql.streaming.checkpointFileManagerClass": FILE_SYSTEM_CHECKPOINTS}
+                 "spark.python.daemon.module": "spark_changelog.runtime.worker_daemon"}
 
 
 def local_cores(master: str) -> Optional[int]:

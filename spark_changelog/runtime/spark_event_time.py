@@ -189,7 +189,7 @@ class EventTimeKeyGroupProcessor(KeyGroupProcessor):
         before = wms.combined_or_none
         out, wms, ctx = run_event_time_batch(op, stack, data, wms, progress, self.spec,
                                              now if now is not None else 0, next_seq)
-        written = self._save(stack, run_ids, ctx.next_seq)
+        written = self._save(stack, run_ids, ctx.next_seq, key)
         self.watermarks.update((wms.to_json(),))
         extra = {"state_rows": stack.size, "key_group": int(key[0]), "runs": len(stack.runs),
                  "rows_written": written,

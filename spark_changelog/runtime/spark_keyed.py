@@ -32,8 +32,10 @@ A micro-batch writes one run with the touched keys only, so its state-store
 writes follow the rows and keys it touches.  Decoded runs are cached per Python
 worker (:data:`~spark_changelog.runtime.state_runs.WORKER_CACHE`), so blobs are
 read only on a cache miss.  Checkpoints and restarts are Spark's: the run list
-in ``meta`` is versioned with the rest of the state store, and run ids are
-unique, so a replayed batch can never see a run it did not commit.
+in ``meta`` is versioned with the rest of the state store.  Run ids are
+digests of what a run holds and where (:func:`~spark_changelog.runtime.state_runs.name_new_runs`),
+so a micro-batch replayed after a crash writes the very state, ids included,
+that the killed attempt wrote (docs/runtime.md, "Replay is deterministic").
 
 Operator counters leave the operator as one extra output row per call
 (``_kind = -1``, JSON in ``_metrics``); ``pipeline.split_metrics`` separates them.
@@ -58,7 +60,8 @@ from ..operators.base import KeyedOperator, Metrics, OpContext
 from .arrow_packing import PACKED_COL, conform, pack_groups, packed_batch, packed_schema, unpack
 from .spark_hash import key_groups as key_groups_of, supports as spark_hash_supports
 from .keygroup import fire_watermark, next_timer_ms, pending_rows, process_key_group
-from .state_runs import WORKER_CACHE, Run, RunStack, concat_rows, run_schema
+from .checkpoint import damaged_state
+from .state_runs import WORKER_CACHE, Run, RunStack, concat_rows, name_new_runs, run_schema
 
 KEY_GROUP_COL = "_kg"
 
@@ -260,7 +263,7 @@ class KeyGroupProcessor(StatefulProcessor):
                 misses += 1
                 blob = self.runs.getValue((rid,))
                 if blob is None:
-                    raise RuntimeError(f"{op.name}: state run {rid} of key group {key} is missing")
+                    raise damaged_state(op.name, int(key[0]), f"state run {rid} is missing")
                 run = Run.from_bytes(rid, bytes(blob[0]), op.key)
                 WORKER_CACHE.put(run)
             loaded.append(run)
@@ -281,19 +284,22 @@ class KeyGroupProcessor(StatefulProcessor):
                 "(--key-groups, key_groups=), or start from a new checkpoint")
         return stored["runs"]
 
-    def _save(self, stack: RunStack, run_ids: list, next_seq: int) -> int:
+    def _save(self, stack: RunStack, run_ids: list, next_seq: int, key) -> int:
         before = set(run_ids)
+        scope = f"{operator_instance(self.operator)}/{self.operator.name}/{int(key[0])}"
+        blobs = name_new_runs(stack.runs, scope, self.schema)
         after = [r.id for r in stack.runs]
         written = 0
         for run in stack.runs:
             if run.id not in before:
-                self.runs.updateValue((run.id,), (run.to_bytes(self.schema),))
+                self.runs.updateValue((run.id,), (blobs[run.id],))
                 WORKER_CACHE.put(run)
                 written += run.size
         for rid in before.difference(after):
             self.runs.removeKey((rid,))
             WORKER_CACHE.discard(rid)
-        self.meta.update((json.dumps({"runs": after, "key_groups": self.key_groups}), int(next_seq)))
+        self.meta.update((json.dumps({"runs": after, "key_groups": self.key_groups,
+                                      "operator": self.operator.name}), int(next_seq)))
         return written
 
     def _context(self, timerValues, next_seq: int) -> OpContext:
@@ -340,7 +346,7 @@ class KeyGroupProcessor(StatefulProcessor):
         stack, run_ids, next_seq, misses = self._load(key)
         ctx = self._context(timerValues, next_seq)
         out = process_key_group(op, stack, pdf, ctx)
-        written = self._save(stack, run_ids, ctx.next_seq)
+        written = self._save(stack, run_ids, ctx.next_seq, key)
         if self.timer is not None:
             # process_key_group folded every due key of the group: the timer goes
             # to the group's next pending time (a timer already due is dropped)
@@ -359,7 +365,7 @@ class KeyGroupProcessor(StatefulProcessor):
         stack, run_ids, next_seq, misses = self._load(key)
         ctx = self._context(timerValues, next_seq)
         out = fire_watermark(op, stack, ctx)
-        written = self._save(stack, run_ids, ctx.next_seq)
+        written = self._save(stack, run_ids, ctx.next_seq, key)
         self._set_timer(next_timer_ms(op, pending_rows(op, stack), ctx.watermark_ms))
         ctx.metrics.add("watermark_timers", 1)
         yield from _with_metrics(out, op, ctx, {

@@ -41,6 +41,15 @@ def default_first_step_tasks(spark) -> int:
     return int(spark.conf.get("spark.sql.shuffle.partitions"))
 
 
+def _task_scope() -> str:
+    """Micro-batch and partition of the running task (``batch/partition``)."""
+    from pyspark import TaskContext
+    task = TaskContext.get()
+    if task is None:
+        return "-/-"
+    return f"{task.getLocalProperty('streaming.sql.batchId') or '-'}/{task.partitionId()}"
+
+
 def apply_seen_keys(df, operator: KeyedOperator):
     """Streaming run of an operator whose state is only the set of keys seen
     (``operator.state_is_seen_keys``: keep first on processing time): a
@@ -70,8 +79,6 @@ def apply_seen_keys(df, operator: KeyedOperator):
     batch).  The operator's counters cover each batch (``duplicates``: within
     the batch); rows of keys seen in earlier batches are counted by Spark's
     query progress (``numDroppedDuplicateRows``)."""
-    import uuid
-
     import pyarrow.compute as pc
     from pyspark.sql import functions as F
     key = list(operator.key)
@@ -110,8 +117,10 @@ def apply_seen_keys(df, operator: KeyedOperator):
             _, passed = split_upstream_metrics(
                 _arrow_input(table.filter(pa.array(is_side)), columns, time_zone), operator)
         side = _arrow_output(None, passed, operator, ctx, {"state_rows": 0})
-        # a unique id on the few side rows only
-        ids = pa.array([uuid.uuid4().hex for _ in range(side.num_rows)], pa.string())
+        # a unique id on the few side rows only, the same when a micro-batch
+        # is replayed (docs/runtime.md, "Replay is deterministic")
+        scope = _task_scope()
+        ids = pa.array([f"{scope}/{i}" for i in range(side.num_rows)], pa.string())
         parts.append(side.append_column(SIDE_ID_COL, ids).cast(out_schema))
         yield from pa.concat_tables(parts).to_batches()
 

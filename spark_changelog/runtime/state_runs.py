@@ -16,17 +16,23 @@ times, and a *full* merge (one that reaches the oldest run) is where expired
 state is dropped (operator ``retain``) and cleared markers disappear: dropping
 them earlier would let an older run's value resurface.
 
-Runs are immutable and named by a random id, so a worker process may cache the
-decoded runs it has seen; the Spark runtime reads a run from the state store
-only on a cache miss (a restart, or a group moving to another worker).
+Runs are immutable, so a worker process may cache the decoded runs it has
+seen; the Spark runtime reads a run from the state store only on a cache miss
+(a restart, or a group moving to another worker).  A run is named when it is
+first written (:func:`name_new_runs`) by a digest of its bytes, the runs below
+it and its scope (operator and key group): a replayed micro-batch, computing
+the same runs from the same state, names them as the killed attempt did, so
+the state it writes is byte for byte the same (docs/runtime.md, "Replay is
+deterministic").  Checkpoints written with random ids (before) read the same:
+an id is only a name.
 """
 from __future__ import annotations
 
 import collections
 import dataclasses
+import hashlib
 import io
 import threading
-import uuid
 import warnings
 from typing import Optional, Sequence
 
@@ -63,9 +69,10 @@ def _factorize_keys(df: pd.DataFrame, key: Sequence[str]):
 
 @dataclasses.dataclass
 class Run:
-    """An immutable, key-grouped table of state rows (plus cleared markers)."""
+    """An immutable, key-grouped table of state rows (plus cleared markers);
+    ``id`` is None until :func:`name_new_runs` names it."""
 
-    id: str
+    id: Optional[str]
     rows: pd.DataFrame           # grouped by key, a key's rows in their stored order
     uniques: pd.Index            # distinct keys, aligned with starts/lens
     starts: np.ndarray
@@ -88,7 +95,7 @@ class Run:
         else:
             uniques = pd.Index([]) if len(key) == 1 else pd.MultiIndex.from_arrays([[]] * len(key))
             starts = ends = np.zeros(0, dtype=np.int64)
-        return cls(run_id or uuid.uuid4().hex, rows, uniques, starts.astype(np.int64),
+        return cls(run_id, rows, uniques, starts.astype(np.int64),
                    (ends - starts).astype(np.int64))
 
     # -- (de)serialization: Arrow IPC, compressed ------------------------------
@@ -105,6 +112,25 @@ class Run:
     def from_bytes(cls, run_id: str, blob: bytes, key: Sequence[str]) -> "Run":
         table = pa.ipc.open_stream(pa.BufferReader(blob)).read_all()
         return cls.build(table.to_pandas(maps_as_pydicts="strict"), key, run_id)
+
+
+def name_new_runs(runs: Sequence[Run], scope: str, schema: pa.Schema) -> dict[str, bytes]:
+    """Name the runs without an id and return their blobs by id.  A run's id
+    is a digest of ``scope`` (operator and key group), the ids of the runs
+    below it and its own bytes, so the same state and the same batch give the
+    same ids in any process (docs/runtime.md, "Replay is deterministic"), and
+    two different runs never share one."""
+    blobs = {}
+    below = hashlib.blake2b(scope.encode(), digest_size=16)
+    for run in runs:
+        if run.id is None:
+            blob = run.to_bytes(schema)
+            digest = below.copy()
+            digest.update(blob)
+            run.id = digest.hexdigest()
+            blobs[run.id] = blob
+        below.update(run.id.encode())
+    return blobs
 
 
 def run_schema(state_schema: pa.Schema) -> pa.Schema:

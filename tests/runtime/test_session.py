@@ -22,3 +22,14 @@ def test_a_local_master_runs_one_task_per_core():
     assert [local_cores(m) for m in ("local", "local[2]", "local[3,2]", "local-cluster[2,1,1024]")] == \
         [1, 2, 3, None]
     assert local_cores("local[*]") == os.cpu_count()
+
+
+def test_checkpoint_files_are_replaced_on_replay(spark):
+    """Spark's default checkpoint manager (FileContext, renames with
+    OVERWRITE), not the FileSystem one that keeps a killed attempt's state file
+    (docs/runtime.md, "The checkpoint file manager replaces files")."""
+    assert spark.conf.get("spark.sql.streaming.checkpointFileManagerClass", None) is None
+    jvm = spark.sparkContext._jvm
+    manager = jvm.org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager.create(
+        jvm.org.apache.hadoop.fs.Path("file:///tmp"), spark.sparkContext._jsc.hadoopConfiguration())
+    assert manager.getClass().getSimpleName() == "FileContextBasedCheckpointFileManager"

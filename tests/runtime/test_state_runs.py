@@ -10,7 +10,7 @@ from spark_changelog.operators.base import OpContext
 from spark_changelog.operators.normalize import ChangelogNormalize
 from spark_changelog.runtime.keygroup import process_key_group
 from spark_changelog.runtime.local import LocalRunner
-from spark_changelog.runtime.state_runs import Run, RunStack, run_schema
+from spark_changelog.runtime.state_runs import Run, RunStack, name_new_runs, run_schema
 
 COLS = ["id", "v"]
 SCHEMA = schema_of(COLS, [pa.int64(), pa.string()])
@@ -56,14 +56,47 @@ def test_batch_touching_few_keys_writes_only_those():
     op = ChangelogNormalize(SCHEMA, ["id"])
     stack = RunStack(["id"], growth=1.0)
     big = to_frame([["+I", [k, "x"], k] for k in range(10_000)], COLS)
+    schema = run_schema(op.state_schema)
     process_key_group(op, stack, big, OpContext(processing_time_ms=0))
     assert [r.size for r in stack.runs] == [10_000]
+    name_new_runs(stack.runs, "g", schema)
     small = to_frame([["+U", [k, "y"], 20_000 + k] for k in range(10)], COLS)
     before = {r.id for r in stack.runs}
     process_key_group(op, stack, small, OpContext(processing_time_ms=0))
+    written = name_new_runs(stack.runs, "g", schema)
     new = [r for r in stack.runs if r.id not in before]
     # the big run is untouched; the batch wrote a run of its 10 keys
     assert [r.size for r in stack.runs] == [10_000, 10] and [r.size for r in new] == [10]
+    assert list(written) == [new[0].id]
+
+
+def _history(batches, scope="op/3"):
+    """The run ids and blobs a key group's stack gets over ``batches``,
+    named as the Spark runtime names them."""
+    op = ChangelogNormalize(SCHEMA, ["id"], tombstone_retention_ms=None)
+    stack = RunStack(["id"], growth=1.0)
+    written = []
+    for rows in batches:
+        process_key_group(op, stack, to_frame(rows, COLS), OpContext(processing_time_ms=0))
+        written.append((name_new_runs(stack.runs, scope, run_schema(op.state_schema)), [r.id for r in stack.runs]))
+    return written
+
+
+def test_run_ids_are_digests_of_scope_runs_below_and_content():
+    """docs/runtime.md, "Replay is deterministic": the same batches from the
+    same state name and write the same runs, byte for byte; another key group,
+    another content or another history below gives other ids."""
+    batches = [[["+I", [1, "a"], 1], ["+I", [2, "b"], 2], ["+I", [3, "c"], 3]],
+               [["+U", [1, "a2"], 4]],
+               [["-D", [2, "b"], 5]]]
+    first = _history(batches)
+    assert _history(batches) == first
+    assert all(len(rid) == 32 for _, ids in first for rid in ids)
+    assert len(first[-1][1]) == 2 and first[-1][1][0] == first[0][1][0]   # the oldest run stays
+    assert {r for _, ids in _history(batches, "op/4") for r in ids}.isdisjoint(
+        {r for _, ids in first for r in ids})
+    other = _history([batches[0], [["+U", [1, "a3"], 4]], batches[2]])
+    assert other[1][1][-1] != first[1][1][-1] and other[2][1][-1] != first[2][1][-1]
 
 
 def test_full_merge_drops_expired_state_and_cleared_markers():

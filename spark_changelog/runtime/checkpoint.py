@@ -1,0 +1,291 @@
+"""Checking a streaming checkpoint without running its query, and the error a
+damaged one gives (docs/runtime.md, "A damaged checkpoint").
+
+A checkpoint directory given to ``write_upsert``/``run --checkpoint`` holds
+one Spark query checkpoint per query (``main``, or one per ``INSERT``): its
+offset and commit logs, its sources' logs and its state (``state/<operator>/
+<partition>``, RocksDB changelog files ``<version>.changelog`` and snapshots
+``<version>.zip``; state version ``v`` is the state after batch ``v - 1``).
+:func:`check_checkpoint` verifies what a restart will need: the logs agree,
+every state partition can load the version of the last committed batch, no
+write was dropped (a temporary file newer than the file it should have
+replaced), and, with a Spark session, that the keyed operators' state is
+readable and complete (every run a key group lists is there).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from typing import Optional
+
+from ..model.errors import UserError
+
+#: how a keyed operator's worker reports state it cannot read; the driver
+#: turns it into :class:`DamagedCheckpoint` naming the checkpoint
+DAMAGED_STATE = "damaged state"
+_DAMAGED_RE = re.compile(DAMAGED_STATE + r": ([^\n]*)")
+_V2_RE = re.compile(r"\d+_[0-9a-f-]{36}\.(?:changelog|zip)")
+_TMP_RE = re.compile(r"^\.(?P<name>.+)\.[0-9a-f-]{36}(?:\.TID\d+)?\.tmp$")
+
+
+class DamagedCheckpoint(UserError):
+    """A checkpoint a query cannot resume from; the message names the
+    checkpoint, the operator and the batch (docs/errors.md)."""
+
+
+def damaged_state(operator: str, key_group, detail: str) -> RuntimeError:
+    """The error a keyed operator raises in a worker when its state is
+    inconsistent (a run listed by a key group is missing)."""
+    from pyspark import TaskContext
+    task = TaskContext.get()
+    batch = task.getLocalProperty("streaming.sql.batchId") if task is not None else None
+    where = f"batch {batch}" if batch is not None else "a batch"
+    return RuntimeError(f"{DAMAGED_STATE}: operator {operator}, key group {key_group}, {where}: {detail}")
+
+
+def reraise_damaged(err: BaseException, checkpoint: str) -> None:
+    """Raise :class:`DamagedCheckpoint` if ``err`` (Spark's wrapper of a
+    worker's error) reports damaged state; otherwise return."""
+    m = _DAMAGED_RE.search(str(err))
+    if m:
+        raise DamagedCheckpoint(
+            f"the checkpoint is damaged: {m.group(1).strip()}; the query cannot resume from it",
+            where=f"checkpoint {checkpoint}",
+            todo=f"`spark-changelog check {checkpoint}` lists what is wrong; start a new "
+                 "--checkpoint DIR (the query then reads its sources again from the start)") from err
+
+
+@dataclasses.dataclass
+class Finding:
+    query: str
+    problem: bool          # False: a note (harmless, e.g. a batch the next run replays)
+    text: str
+
+    def __str__(self) -> str:
+        return f"{'error' if self.problem else 'note'}: {self.query}: {self.text}"
+
+
+@dataclasses.dataclass
+class CheckReport:
+    checkpoint: str
+    queries: list
+    findings: list
+    last_batches: dict     # query -> last committed batch (None: none yet)
+
+    @property
+    def ok(self) -> bool:
+        return not any(f.problem for f in self.findings)
+
+    def summary(self) -> str:
+        lines = [str(f) for f in self.findings]
+        for q in self.queries:
+            last = self.last_batches.get(q)
+            lines.append(f"{q}: {'no batch committed' if last is None else f'last committed batch {last}'}")
+        n = sum(f.problem for f in self.findings)
+        lines.append(f"checkpoint {self.checkpoint}: " + ("ok" if not n else f"{n} problem(s)"))
+        return "\n".join(lines)
+
+
+def query_dirs(checkpoint: str) -> list[str]:
+    """The Spark query checkpoints under ``checkpoint`` (directories with
+    ``offsets`` and ``commits``), sorted."""
+    found = []
+    for root, dirs, _ in os.walk(checkpoint):
+        if "offsets" in dirs and "commits" in dirs:
+            found.append(root)
+            dirs.clear()
+    return sorted(found)
+
+
+def _log_ids(directory: str) -> list[int]:
+    try:
+        return sorted(int(n) for n in os.listdir(directory) if n.isdigit())
+    except FileNotFoundError:
+        return []
+
+
+def _check_log_file(path: str) -> Optional[str]:
+    """What is wrong with one offset/commit log file, or None."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            lines = fh.read().split("\n")
+    except OSError as e:
+        return f"{path} cannot be read: {e.strerror}"
+    if not lines or not re.fullmatch(r"v\d+", lines[0]):
+        return f"{path} is not a Spark log file (no version line)"
+    for line in lines[1:]:
+        if line.strip():
+            try:
+                json.loads(line)
+            except ValueError:
+                return f"{path} holds a line that is not JSON (a torn write)"
+    return None
+
+
+def _check_logs(q: str, name: str, findings: list) -> Optional[int]:
+    """Offsets and commits agree; returns the last committed batch."""
+    offsets, commits = _log_ids(os.path.join(q, "offsets")), _log_ids(os.path.join(q, "commits"))
+    for log, ids in (("offsets", offsets), ("commits", commits)):
+        for i in ids:
+            bad = _check_log_file(os.path.join(q, log, str(i)))
+            if bad:
+                findings.append(Finding(name, True, bad))
+        if ids and ids != list(range(ids[0], ids[-1] + 1)):
+            missing = sorted(set(range(ids[0], ids[-1] + 1)) - set(ids))
+            findings.append(Finding(name, True, f"{log} log misses batch(es) {missing}"))
+    orphans = sorted(set(commits) - set(offsets))
+    if orphans and offsets and orphans[-1] > offsets[-1]:
+        findings.append(Finding(name, True, f"batch {orphans[-1]} is committed but has no offsets"))
+    last = commits[-1] if commits else None
+    ahead = [i for i in offsets if last is None or i > last]
+    if len(ahead) > 1:
+        findings.append(Finding(name, True, f"batches {ahead} have offsets but no commit (Spark "
+                                            "starts at most one batch ahead of its commits)"))
+    elif ahead:
+        findings.append(Finding(name, False, f"batch {ahead[0]} was started and not committed: "
+                                             "the next run replays it"))
+    return last
+
+
+def _check_temporary_files(q: str, name: str, findings: list) -> None:
+    for root, _, files in os.walk(q):
+        for f in files:
+            m = _TMP_RE.match(f)
+            if not m:
+                continue
+            tmp = os.path.join(root, f)
+            final = os.path.join(root, m.group("name"))
+            rel = os.path.relpath(tmp, q)
+            if os.path.exists(final) and os.path.getmtime(tmp) > os.path.getmtime(final):
+                findings.append(Finding(name, True, (
+                    f"{rel}: a later write of {m.group('name')} was never moved into place "
+                    "(a replayed micro-batch's file dropped by a checkpoint manager that does "
+                    "not replace files)")))
+            else:
+                findings.append(Finding(name, False, f"{rel}: temporary file of a write that "
+                                                     "was killed before its end (harmless)"))
+
+
+def _state_operators(q: str) -> dict:
+    """operator id -> (Spark operator name or None, partition dirs)."""
+    state = os.path.join(q, "state")
+    out = {}
+    for op in sorted(os.listdir(state), key=lambda x: (len(x), x)) if os.path.isdir(state) else []:
+        if not op.isdigit():
+            continue
+        d = os.path.join(state, op)
+        parts = sorted((p for p in os.listdir(d) if p.isdigit()), key=int)
+        out[int(op)] = (_operator_name(d), [os.path.join(d, p) for p in parts])
+    return out
+
+
+def _operator_name(op_dir: str) -> Optional[str]:
+    for meta in (os.path.join(op_dir, "_metadata", "v2", "0"), os.path.join(op_dir, "_metadata", "metadata")):
+        try:
+            with open(meta, encoding="utf-8") as fh:
+                for line in fh:
+                    if "operatorName" in line:
+                        return json.loads(line)["operatorInfo"]["operatorName"]
+        except (OSError, ValueError, KeyError):
+            continue
+    return None
+
+
+def _check_state_files(q: str, name: str, last: Optional[int], findings: list) -> None:
+    """Every state partition can load the version the next run needs
+    (``last + 1``): a snapshot at or below it and every changelog after."""
+    if last is None:
+        return
+    version = last + 1
+    for op, (op_name, parts) in _state_operators(q).items():
+        for part in parts:
+            names = os.listdir(part)
+            if any(_V2_RE.fullmatch(n) for n in names):
+                findings.append(Finding(name, False, (
+                    f"state of operator {op}: checkpoint format v2 (files named by unique ids, "
+                    "chained through the commit log): its files are not checked")))
+                break
+            changelogs = {int(n.split(".")[0]) for n in names if re.fullmatch(r"\d+\.changelog", n)}
+            snapshots = {int(n.split(".")[0]) for n in names if re.fullmatch(r"\d+\.zip", n)}
+            if not changelogs and not snapshots:
+                continue    # a partition that never held state (HDFS-backed stores keep .delta files)
+            base = max((s for s in snapshots if s <= version), default=0)
+            missing = [v for v in range(base + 1, version + 1) if v not in changelogs]
+            if missing:
+                findings.append(Finding(name, True, (
+                    f"state of operator {op} ({op_name or 'unknown'}), partition "
+                    f"{os.path.basename(part)}: the state after batch {last} cannot be loaded: "
+                    f"changelog file(s) {missing} missing")))
+
+
+def _check_keyed_state(spark, q: str, name: str, last: Optional[int], findings: list) -> None:
+    """The keyed operators' state (``meta`` and ``runs`` of
+    ``runtime/spark_keyed.py``) read through Spark's state data source:
+    every run a key group lists is stored and decodes."""
+    if last is None:
+        return
+    for op, (op_name, _) in _state_operators(q).items():
+        if op_name is None or "transformWithState" not in op_name:
+            continue
+        try:
+            meta = (spark.read.format("statestore").option("operatorId", op)
+                    .option("stateVarName", "meta").option("batchId", last).load(q).toPandas())
+        except Exception as e:   # a variable this operator does not have, or unreadable state
+            text = str(e).split("\n")[0]
+            if "meta" in text and ("STATE_VAR" in text or "not found" in text.lower()):
+                continue
+            findings.append(Finding(name, True, f"state of operator {op} ({op_name}) after batch {last} "
+                                                f"cannot be read: {text}"))
+            continue
+        if meta.empty:
+            continue
+        runs = (spark.read.format("statestore").option("operatorId", op)
+                .option("stateVarName", "runs").option("batchId", last).load(q).toPandas())
+        stored = {}
+        for _, r in runs.iterrows():
+            stored[(int(r["key"]["_kg"]), r["user_map_key"]["run_id"])] = r["user_map_value"]["blob"]
+        for _, r in meta.iterrows():
+            group = int(r["key"]["_kg"])
+            listed = json.loads(r["value"]["run_ids"])
+            ids = listed if isinstance(listed, list) else listed["runs"]
+            operator = (listed.get("operator") if isinstance(listed, dict) else None) or op_name
+            for rid in ids:
+                blob = stored.get((group, rid))
+                problem = "is listed but missing" if blob is None else _undecodable(blob)
+                if problem:
+                    findings.append(Finding(name, True, (
+                        f"state of operator {op} ({operator}), key group {group}, after batch {last}: "
+                        f"state run {rid} {problem}")))
+
+
+def _undecodable(blob) -> Optional[str]:
+    import pyarrow as pa
+    try:
+        pa.ipc.open_stream(pa.BufferReader(bytes(blob))).read_all()
+    except (pa.ArrowException, ValueError) as e:
+        return f"does not decode ({e})"
+    return None
+
+
+def check_checkpoint(checkpoint: str, spark=None) -> CheckReport:
+    """Verify ``checkpoint`` (module docstring); ``spark``: also read the
+    keyed operators' state."""
+    if not os.path.isdir(checkpoint):
+        raise FileNotFoundError(f"checkpoint {checkpoint} does not exist")
+    queries = query_dirs(checkpoint)
+    findings: list = []
+    lasts = {}
+    if not queries:
+        findings.append(Finding(checkpoint, True, "no streaming query checkpoint here (no offsets and "
+                                                  "commits directories)"))
+    for q in queries:
+        name = os.path.relpath(q, checkpoint)
+        last = _check_logs(q, name, findings)
+        lasts[name] = last
+        _check_temporary_files(q, name, findings)
+        _check_state_files(q, name, last, findings)
+        if spark is not None and not any(f.problem and f.query == name for f in findings):
+            _check_keyed_state(spark, q, name, last, findings)
+    return CheckReport(checkpoint, [os.path.relpath(q, checkpoint) for q in queries], findings, lasts)
