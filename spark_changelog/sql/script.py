@@ -273,6 +273,22 @@ class Script:
 # --------------------------------------------------------------------------- parsing
 
 
+class _quiet_sqlglot:
+    """Silences sqlglot's logger while a statement is parsed: its warnings
+    (``... Falling back to parsing as a 'Command'``) name no line and are
+    replaced by our own message (:meth:`_Builder.reject_command`)."""
+
+    def __enter__(self):
+        import logging
+        self.logger = logging.getLogger("sqlglot")
+        self.level = self.logger.level
+        self.logger.setLevel(logging.ERROR)
+
+    def __exit__(self, *exc):
+        self.logger.setLevel(self.level)
+        return False
+
+
 def _token_position(token: Token, sql: str) -> Position:
     """Line and 1-based start column of a token (sqlglot's ``col`` is its end)."""
     line_start = sql.rfind("\n", 0, token.start) + 1
@@ -343,7 +359,8 @@ class _Builder:
                 f"EXECUTE STATEMENT SET), found {first.text!r}", pos)
         self.reject_placeholder(chunk)
         try:
-            parsed = Flink().parser().parse(chunk, self.sql)
+            with _quiet_sqlglot():
+                parsed = Flink().parser().parse(chunk, self.sql)
         except ParseError as e:
             err = e.errors[0] if e.errors else {}
             highlight = err.get("highlight") or ""
@@ -352,7 +369,26 @@ class _Builder:
                 else (err.get("col") or pos.col) + 1
             raise SqlError(_friendly(err.get("description") or str(e), highlight), line, col,
                            sql=self.sql, path=self.path, length=len(highlight) or 1) from None
+        if isinstance(parsed[0], exp.Command):
+            self.reject_command(chunk, pos)
         return parsed[0]
+
+    def reject_command(self, chunk: list[Token], pos: Position) -> None:
+        """sqlglot could not parse the statement and kept it as an opaque
+        command.  Most often a ``;`` is missing, so the next statement runs
+        into this one: point at it; otherwise say the statement is not
+        supported yet (sqlglot's own "Falling back to parsing as a 'Command'"
+        is silenced: it names no line)."""
+        for prev, tok in zip(chunk, chunk[1:]):
+            starts = tok.token_type in (TokenType.CREATE, TokenType.INSERT, TokenType.EXECUTE) \
+                or (tok.token_type == TokenType.SET and tok.line > prev.line)
+            if starts:
+                at = _token_position(tok, self.sql)
+                raise self.error(f"missing ';' before line {at.line}: a new statement "
+                                 f"({tok.text.upper()} ...) starts here inside the statement "
+                                 f"of line {pos.line}", at)
+        raise self.error(f"{chunk[0].text.upper()} statement not supported yet (or not valid "
+                         "Flink SQL)", pos, UnsupportedFeature)
 
     def reject_placeholder(self, chunk: list[Token]) -> None:
         """``WITH (...)``, as the articles write it, is not an option list."""

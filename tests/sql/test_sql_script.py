@@ -304,3 +304,36 @@ def test_join_condition_uses_three_valued_logic():
     assert run("v IN (1, 7)") == [False, False, False, True, True]
     with pytest.raises(UnsupportedCondition):
         JoinCondition(sqlglot.parse_one("UPPER(v) = w", read=Flink), cols)
+
+
+# -- statements that sqlglot would keep as opaque commands ------------------------
+
+SRC = ("CREATE TABLE s (k STRING) WITH ('connector' = 'filesystem', 'path' = 'in', "
+       "'format' = 'debezium-json')")
+
+
+def test_a_missing_semicolon_names_the_statement_that_runs_in(caplog):
+    """No sqlglot fallback text ("Falling back to parsing as a 'Command'")
+    reaches the user: a missing ';' is named with the line where the next
+    statement starts."""
+    with pytest.raises(SqlError) as e:
+        parse_script(SRC + "\nCREATE TABLE p (k STRING) WITH ('connector' = 'print');\n", "m.sql")
+    assert (e.value.message, e.value.line, e.value.col) == (
+        "missing ';' before line 2: a new statement (CREATE ...) starts here inside the "
+        "statement of line 1", 2, 1)
+    assert not isinstance(e.value, UnsupportedFeature)
+    assert "Falling back" not in caplog.text
+
+
+def test_declared_types_row_parses_time_is_not_supported_yet():
+    script = parse_script("CREATE TABLE s (r ROW<a INT, b STRING>, m MAP<STRING, INT>, "
+                          "a ARRAY<BIGINT>, b BYTES) WITH ('connector' = 'filesystem', "
+                          "'path' = 'in', 'format' = 'debezium-json');", "t.sql")
+    cols = script.statements[0].columns
+    assert [c.spark_type for c in cols] == ["STRUCT<a: INT, b: STRING>", "MAP<STRING, INT>",
+                                            "ARRAY<BIGINT>", "BINARY"]
+    with pytest.raises(UnsupportedFeature) as e:
+        parse_script("CREATE TABLE s (k BIGINT,\n  t TIME(0)) WITH ('connector' = 'filesystem', "
+                     "'path' = 'in', 'format' = 'debezium-json');", "t.sql")
+    assert (e.value.line, e.value.col) == (2, 3)
+    assert e.value.message.startswith("column 't': type TIME is not supported yet")
