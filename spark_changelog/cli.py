@@ -263,6 +263,9 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("directory", help="the query's late_output directory")
     w.add_argument("--output", "-o", default="watermarks.png")
     w.set_defaults(func=cmd_plot_watermarks)
+    for command in sub.choices.values():     # `run job.sql --verbose` as well
+        command.add_argument("--verbose", "-v", action="store_true", default=argparse.SUPPRESS,
+                             help="on failure, print the traceback here too")
     return p
 
 

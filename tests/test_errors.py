@@ -605,10 +605,11 @@ def test_the_traceback_goes_to_the_log_file_or_with_verbose_to_the_terminal(tmp,
         log = f.read()
     assert f"==== spark-changelog cat {tmp}/nope failed at " in log
     assert "Traceback (most recent call last)" in log and "PathError" in log
-    assert main(["--verbose", "cat", f"{tmp}/nope"]) == 1
-    err = capsys.readouterr().err
-    assert err.startswith("Traceback (most recent call last)")
-    assert err.splitlines()[-2].startswith("error: cannot print table: ")
+    for argv in (["--verbose", "cat", f"{tmp}/nope"], ["cat", f"{tmp}/nope", "-v"]):
+        assert main(argv) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("Traceback (most recent call last)")
+        assert err.splitlines()[-2].startswith("error: cannot print table: ")
 
 
 # --------------------------------------------------------------------------- sorting

@@ -10,7 +10,7 @@ in the table.  So the checkpoint directory keeps ``plan-fingerprint.json``:
     {"version": 1,
      "state": sha256 of the state-bearing shape: every node but filters,
               projections and watermark assigners, with the columns entering
-              each stateful operator,
+              each stateful operator and its key-group count when set,
      "full": sha256 of the whole plan (every node's label and columns),
      "stateful": the state-bearing nodes, one line each, for messages,
      "plan": the plan as lines (every node), for messages}
@@ -78,7 +78,9 @@ def plan_fingerprint(node: Node) -> dict:
             stateful.append(f"{_label(n)} columns={list(n.traits.columns)}")
         else:
             inputs = [list(c.traits.columns) for c in n.children]
-            stateful.append(f"{_state_label(n)} input columns={inputs}")
+            groups = getattr(n, "key_groups", None)     # fixed for a checkpoint's life
+            stateful.append(f"{_state_label(n)} input columns={inputs}"
+                            + (f" key groups={groups}" if groups is not None else ""))
     return {"version": VERSION,
             "state": _sha("\n".join(stateful)),
             "full": _sha("\n".join(plan)),
