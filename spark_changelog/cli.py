@@ -9,9 +9,10 @@ traceback goes to the log file, or to the terminal with ``--verbose``."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
-from .model.errors import PathError, UsageError
+from .model.errors import PathError, UsageError, located
 
 
 def _session(args):
@@ -60,8 +61,10 @@ def cmd_normalize(args) -> int:
         out = stream.with_mini_batch(args.changelog is None).normalize(
             state_ttl_ms=args.state_ttl_ms, key_groups=args.key_groups)
     dead = args.dead_letter
-    report = out.write_upsert(args.output, checkpoint=args.checkpoint, changelog_path=args.changelog,
-                              dead_letter=dead, strict=args.strict, key=key)
+    with located(f"normalize into {args.output}", checkpoint=args.checkpoint):
+        report = out.write_upsert(args.output, checkpoint=args.checkpoint,
+                                  changelog_path=args.changelog, dead_letter=dead,
+                                  strict=args.strict, key=key)
     print(report.summary())
     return 0
 
@@ -297,7 +300,6 @@ def main(argv=None) -> int:
         return args.func(args)
     except BrokenPipeError:
         # the reader went away (`spark-changelog cat T | head`): not an error
-        import os
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except (Exception, KeyboardInterrupt) as e:   # one message, not a JVM stack trace
