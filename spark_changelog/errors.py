@@ -255,11 +255,17 @@ def _sort_py4j(err, where, facts) -> Optional[UserError]:
 
 
 def _sort_delta(err, where, facts) -> Optional[UserError]:
-    mod = type(err).__module__ or ""
-    if not mod.startswith("deltalake"):
+    try:
+        from deltalake.exceptions import DeltaError
+    except ImportError:         # pragma: no cover -- deltalake is a dependency
+        return None
+    if not isinstance(err, DeltaError):
         return None
     name = type(err).__name__
     msg = _first_line(str(err))
+    os_error = re.search(r"os error (\d+)", msg)
+    if os_error:        # the file system's error inside deltalake's text
+        return _sort_os(OSError(msg), where, facts)
     if name == "TableNotFoundError":
         return UserError(f"no Delta table there: {msg}", where=where,
                          todo="check the path (a table directory holds _delta_log/)")

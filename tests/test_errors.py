@@ -631,6 +631,11 @@ def test_errors_of_the_disk_and_the_libraries_are_sorted_in_one_place():
         ("error: a path component is a file, not a directory: /t/_delta_log", 1)
     assert sorted_as(OSError(errno.EROFS, "Read-only file system", "/mnt/t")) == \
         ("error: the file system is read-only: /mnt/t", 1)
+    # deltalake's own error class around the OS error (a full disk during a Delta write)
+    from deltalake.exceptions import DeltaError
+    assert sorted_as(DeltaError("Failed to parse parquet: External: Generic LocalFileSystem "
+                                "error: Unable to copy data to file: No space left on device "
+                                "(os error 28)")) == ("error: no space left on the device", 1)
     # ANSI colour codes of a library's message never reach the terminal
     assert sorted_as(ValueError("\x1b[31m↳\x1b[0m bad value")) == ("error: ↳ bad value", 1)
     # a Python worker's error inside Spark's text: its last line, not the JVM's trace
@@ -678,3 +683,31 @@ def test_spark_errors_inside_a_failed_streaming_query_are_sorted_by_their_own_cl
         "name does not match with the operator in state metadata.)",
         "  what to do: run the script that wrote ck/query, or start a new --checkpoint DIR (the "
         "query then reads its sources again from the start)"]
+
+
+@pytest.mark.skipif(os.environ.get("SPARK_CHANGELOG_LONG_TESTS") != "1" or os.geteuid() != 0,
+                    reason="long variant (SPARK_CHANGELOG_LONG_TESTS=1) that mounts a tmpfs "
+                           "(root)")
+def test_a_disk_that_fills_up_during_the_write_leaves_no_rows(spark, tmp, capsys):
+    """The preflight sees 1.1 MB free; the Delta write of ~1.6 MB fills the
+    disk: one message, exit 1, and the table holds no row of the batch."""
+    import random
+    import string
+    from spark_changelog.sinks.delta import read_table
+    rnd = random.Random(1)
+    debezium_input(f"{tmp}/in", lines=[
+        {"before": None, "after": {"id": i, "name": "".join(rnd.choices(string.ascii_letters,
+                                                                         k=64)), "amount": i},
+         "op": "c", "source": {"lsn": i}} for i in range(25_000)])
+    mnt = f"{tmp}/full"
+    os.makedirs(mnt)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", mnt], check=True)
+    with open(f"{mnt}/filler", "wb") as f:
+        f.write(b"\0" * (900 << 10))
+    p = script(tmp, source_ddl(f"{tmp}/in") + delta_ddl(f"{mnt}/out") + INSERT_ALL)
+    capsys.readouterr()
+    assert main(["run", p, "--batch", "--no-progress"]) == 1
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+    assert err == [f"error: INSERT INTO out ({p} line 5): no space left on the device"]
+    # the table was created (version 0, no rows) before the data write failed
+    assert len(read_table(f"{mnt}/out")) == 0
