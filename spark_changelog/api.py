@@ -31,7 +31,7 @@ from .plan.execute import PlanWarning, run_sink
 from .plan.lower import Lowered, column_sql, lower, spark_types
 from .plan.nodes import (Aggregate, ApplyAs, Deduplicate, Filter, History, Join, Node, Normalize,
                          Project,
-                         ProjectItem, Sink, Source, TopN, WatermarkAssigner, WindowAggregate,
+                         ProjectItem, Sink, Source, TopN, UnionAll, WatermarkAssigner, WindowAggregate,
                          WindowTableFunction, source_leaves)
 from .plan.rules import PlanError, fold_micro_batches, optimize, plan_sink
 from .runtime.spark_keyed import DEFAULT_KEY_GROUPS
@@ -448,6 +448,22 @@ class ChangelogStream:
         return self._derive(Filter(self.node, parse(condition), condition.strip()))
 
     filter = where
+
+    # -- union ------------------------------------------------------------------
+    def union_all(self, *others: "ChangelogStream") -> "ChangelogStream":
+        """``UNION ALL``: every change of this stream and of ``others``, columns
+        matched by position and named as this stream's (docs/plan.md,
+        "Union"): each input keeps its per-key ``_seq`` order; between inputs
+        there is no order (compare ``_seq`` across them only when they share a
+        sequence space).  No key survives a union."""
+        if not others:
+            raise ValueError("union_all needs at least one other stream")
+        width = len(self.traits.columns)
+        for o in others:
+            if len(o.traits.columns) != width:
+                raise ValueError(f"union_all: {width} columns {list(self.traits.columns)} against "
+                                 f"{len(o.traits.columns)} {list(o.traits.columns)}")
+        return self._derive(UnionAll((self.node,) + tuple(o.node for o in others)))
 
     # -- join -------------------------------------------------------------------
     def join(self, other: "ChangelogStream", on: JoinOn = None, *, left_on=None, right_on=None,

@@ -30,7 +30,8 @@ from ..operators.keys import GLOBAL_KEY
 from ..runtime.spark_keyed import DEFAULT_KEY_GROUPS, apply_keyed, operator_schema_of
 from . import expressions
 from .nodes import (WINDOW_END, WINDOW_START, Aggregate, ApplyAs, Deduplicate, Filter, History,
-                    Join, Materialize, Node, Normalize, Project, Sink, Source, TopN, WatermarkAssigner,
+                    Join, Materialize, Node, Normalize, Project, Sink, Source, TopN, UnionAll,
+                    WatermarkAssigner,
                     WindowAggregate, WindowTableFunction, join_input_specs)
 from .rules import PlanError
 
@@ -115,6 +116,8 @@ def _lower(node: Node) -> Lowered:
         return _keyed(inp, inp.df, op, node.key_groups)
     if isinstance(node, Join):
         return _join(node, lower(node.left), lower(node.right))
+    if isinstance(node, UnionAll):
+        return _union(node, [lower(c) for c in node.inputs])
     if isinstance(node, ApplyAs):
         from .lower_auto_cdc import lower_apply_as
         return lower_apply_as(node, lower(node.input))
@@ -145,6 +148,30 @@ def _lower(node: Node) -> Lowered:
                  rank_column=node.rank_column, state_ttl_ms=node.state_ttl_ms)
         return _without_global_key(_keyed(inp, inp.df, op, node.key_groups))
     raise PlanError(f"no lowering for plan node {type(node).__name__}")
+
+
+def _union(node: UnionAll, inputs: list) -> Lowered:
+    """``UNION ALL``: Spark's union of the inputs' DataFrames, columns
+    renamed to the first input's by position; every row keeps its ``_seq``
+    and its partition (no shuffle, nothing re-sorted: plan/nodes.py, UnionAll).
+    Side rows travel as in any input (a ``_metrics`` column is added, null,
+    to the inputs without one)."""
+    from pyspark.sql import functions as F
+    names = node.traits.columns
+    metrics = any(METRICS_COL in i.df.columns for i in inputs)
+    dfs = []
+    for inp, child in zip(inputs, node.inputs):
+        cols = [F.col(f"`{c}`").alias(n) for c, n in zip(child.traits.columns, names)]
+        cols += [F.col(KIND_COL), F.col(SEQ_COL)]
+        if metrics:
+            cols.append(F.col(METRICS_COL) if METRICS_COL in inp.df.columns
+                        else F.lit(None).cast("string").alias(METRICS_COL))
+        dfs.append(inp.df.select(*cols))
+    df = dfs[0]
+    for other in dfs[1:]:
+        df = df.unionByName(other)
+    return Lowered(df, tuple(op for i in inputs for op in i.operators),
+                   tuple(op for i in inputs for op in (i.entry or ())))
 
 
 def _window_aggregate(node: WindowAggregate) -> Lowered:

@@ -347,6 +347,54 @@ class Filter(_Unary):
         return dataclasses.replace(self.input.traits, notes=())
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class UnionAll(Node):
+    """``UNION ALL`` of changelogs (docs/plan.md, "Union"): every change of
+    every input, each keeping its own ``_seq``; the columns are named after the
+    first input's and matched by position.
+
+    The order rule: a union moves no row between partitions of its inputs and
+    re-sorts nothing, so each input's per-key order (by its ``_seq``) is kept
+    downstream, as every keyed operator sorts a key's rows by ``_seq``.
+    Between inputs there is no order (as in Flink, where a union merges the
+    streams as they arrive): a key that gets changes from two inputs sees
+    them interleaved by ``_seq`` value, which means "in source order" only
+    when the inputs share one sequence space (two tables of one database log:
+    the LSN).  The planner normalizes an input that is not in sequence order
+    or has no ``-U`` (an upsert stream: the union has no key to rebuild the
+    old rows by) before the union (``rules.optimize``).  No key survives a
+    union (the inputs may hold the same rows)."""
+
+    inputs: tuple
+
+    @property
+    def children(self):
+        return tuple(self.inputs)
+
+    def with_children(self, *children: Node) -> Node:
+        if all(a is b for a, b in zip(children, self.inputs)):
+            return self
+        return dataclasses.replace(self, inputs=tuple(children))
+
+    def label(self) -> str:
+        return f"Union(all=[true], union=[{', '.join(self.traits.columns)}])"
+
+    def derive_traits(self) -> Traits:
+        ts = [c.traits for c in self.inputs]
+        mode = ChangelogMode.RETRACT if any(t.mode.has_updates for t in ts) \
+            else ChangelogMode.INSERT_ONLY
+        times = {t.time_attribute for t in ts}
+        time_attr = ts[0].time_attribute if len(times) == 1 else None
+        has_wm = all(t.has_watermark for t in ts)
+        # a column is nondeterministic if it is in any input (matched by position)
+        nondet = frozenset(ts[0].columns[i] for t in ts for i, c in enumerate(t.columns)
+                           if c in t.nondeterministic)
+        return Traits(ts[0].columns, mode, nondeterministic=nondet, has_watermark=has_wm,
+                      ordered=all(t.ordered for t in ts),
+                      time_attribute=time_attr if has_wm else None,
+                      watermark=ts[0].watermark if has_wm and time_attr else None)
+
+
 # --------------------------------------------------------------------------- keyed operators
 
 
@@ -895,7 +943,7 @@ def source_leaves(node: Node) -> list[Source]:
     return out
 
 
-__all__ = ["Traits", "Node", "Source", "WatermarkAssigner", "Project", "ProjectItem", "Filter",
+__all__ = ["Traits", "Node", "Source", "WatermarkAssigner", "Project", "ProjectItem", "Filter", "UnionAll",
            "Normalize", "ApplyAs", "History", "Join", "Materialize", "Sink", "Deduplicate", "Aggregate", "TopN",
            "AggCall", "agg_text", "infer", "join_traits",
            "exchange_upsert_key", "join_input_specs", "source_leaves",

@@ -39,7 +39,7 @@ from typing import Optional, Sequence
 from ..model import ChangelogMode
 from .nodes import (Aggregate, Deduplicate, Filter, History, Join, Materialize, Node, Normalize,
                     Project,
-                    Sink, TopN, Traits, WatermarkAssigner, fmt_key, source_leaves)
+                    Sink, TopN, Traits, UnionAll, WatermarkAssigner, fmt_key, source_leaves)
 
 STRATEGIES = ("auto", "none", "force")
 CONFLICTS = ("deduplicate", "error", "nothing")
@@ -167,6 +167,7 @@ NEEDS_UPDATE_BEFORE = {
     "filter": "a row that leaves the filter must be retracted by its old content",
     "group aggregate": "the accumulators retract the old row's values",
     "top-n": "a row that leaves the top N is retracted by its old content",
+    "union": "a union has no key to rebuild an old row by, so its consumers need -U",
 }
 
 
@@ -228,6 +229,9 @@ def optimize(node: Node) -> Node:
     elif isinstance(node, Deduplicate) and children[0].traits.mode is ChangelogMode.INSERT_ONLY:
         # keep last over a changelog input is a ChangelogNormalize itself (sequence-aware)
         children = (order_input(children[0], "deduplicate", state_ttl_ms=node.state_ttl_ms),)
+    elif isinstance(node, UnionAll):
+        # each input's per-key order is what the union keeps (plan/nodes.py, UnionAll)
+        children = tuple(order_input(c, "union") for c in children)
     elif isinstance(node, Filter) and children[0].traits.mode is ChangelogMode.UPSERT:
         # stateless, so not order-sensitive; but an upsert input has no -U to filter
         children = (order_input(children[0], "filter"),)

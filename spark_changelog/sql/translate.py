@@ -34,7 +34,7 @@ from .dialect import FROM_CHANGELOG, WINDOW_TVFS
 from .errors import UnsupportedFeature
 from .insert import PlannedInsert, plan_insert
 from .join import join
-from .relation import Relation
+from .relation import Field, Relation
 from .row_number import RankCall
 from .script import (ExplainDef, InsertDef, Position, QueryDef, Script, SetOption, StatementSet,
                      TableDef, ViewDef, node_position)
@@ -108,8 +108,12 @@ class Translator:
         ctx = self.ctx
         if isinstance(q, exp.Subquery):
             return self.query(q.this, pos)
+        if isinstance(q, exp.Union) and not q.args.get("distinct"):
+            return self.union_all(q, pos)
         if isinstance(q, exp.SetOperation):
-            raise ctx.error(f"{q.key.upper()} (combining queries) is not supported yet",
+            what = "UNION (without ALL: distinct rows)" if isinstance(q, exp.Union) \
+                else q.key.upper()
+            raise ctx.error(f"{what} is not supported yet (UNION ALL is)",
                             ctx.keyword_position(q.expression, q.key.upper(), pos),
                             UnsupportedFeature)
         if not isinstance(q, exp.Select):
@@ -144,6 +148,23 @@ class Translator:
         if any(row_number.is_rank_item(e) for e in q.expressions):
             return row_number.rank_relation(ctx, rel, q, pos)
         return projection.project(ctx, rel, q.expressions, pos)
+
+    def union_all(self, q: exp.Union, pos: Position) -> Relation:
+        """``a UNION ALL b``: the changes of both, columns by position and
+        named as ``a``'s (:meth:`ChangelogStream.union_all`)."""
+        ctx = self.ctx
+        if q.args.get("with_"):
+            return self.with_query(q, pos)
+        left = ctx.settled(self.query(q.this, pos))
+        right = ctx.settled(self.query(q.expression, pos))
+        if len(left.fields) != len(right.fields):
+            raise ctx.error(f"UNION ALL: the left query has {len(left.fields)} columns, the "
+                            f"right one {len(right.fields)}",
+                            ctx.keyword_position(q.expression, "UNION", pos))
+        with ctx.analysis("UNION ALL", [q.this, q.expression], pos):
+            stream = left.stream.union_all(right.stream)
+        return Relation(stream, tuple(Field(None, f.name, c)
+                                      for f, c in zip(left.fields, stream.schema.columns)))
 
     def with_query(self, q: exp.Select, pos: Position) -> Relation:
         """``WITH a AS (SELECT ...), b AS (...) SELECT ...``: each common table
