@@ -16,14 +16,14 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "ChangelogStream": ".api", "read_changes": ".api", "read_debezium": ".api",
     "read_canal": ".api", "read_maxwell": ".api", "read_snapshots": ".api",
-    "create_auto_cdc_flow": ".auto_cdc",
+    "create_auto_cdc_flow": ".auto_cdc", "read_postgres_cdc": ".api",
     "ChangelogMode": ".model", "RowKind": ".model", "StreamSchema": ".model",
     "build_session": ".runtime.session",
 }
 
 __all__ = ["ChangelogStream", "ChangelogMode", "RowKind", "StreamSchema", "build_session",
            "read_changes", "read_debezium", "read_canal", "read_maxwell", "read_snapshots",
-           "create_auto_cdc_flow"]
+           "create_auto_cdc_flow", "read_postgres_cdc"]
 
 
 def __getattr__(name: str):

@@ -12,3 +12,5 @@ LSN_BITS = 62
 BINLOG_FILE_BITS, BINLOG_OFFSET_BITS = 28, 34
 TS_MS_BITS, TS_LINE_BITS = 42, 20
 FILE_NO_BITS, FILE_LINE_BITS = 34, 28
+#: PostgreSQL CDC (connectors/pgoutput.py): commit end LSN | position in transaction
+PG_COMMIT_LSN_BITS, PG_TX_POSITION_BITS = 42, 20

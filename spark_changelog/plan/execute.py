@@ -15,7 +15,7 @@ from ..runtime.spark_keyed import arrow_schema_of
 from .explain import explain_plan
 from .fingerprint import check_checkpoint, is_streaming
 from .lower import lower
-from .nodes import Sink
+from .nodes import Sink, source_leaves
 from .rules import plan_warnings, sink_keys_emitted_once
 
 
@@ -46,7 +46,9 @@ def run_sink(sink: Sink, table, *, checkpoint: Optional[str] = None,
                          changelog_format=changelog_format, dead_letter=dead_letter,
                          strict=strict, progress=progress, late_output=late_output,
                          entry_instances=tuple(operator_instance(op) for op in low.entry),
-                         keys_emitted_once=sink_keys_emitted_once(sink))
+                         keys_emitted_once=sink_keys_emitted_once(sink),
+                         source_positions={s.name: s.reader.progress for s in source_leaves(sink)
+                                           if hasattr(s.reader, "progress")})
     report.plan = explain_plan(sink)
     report.warnings[:0] = warns
     return report

@@ -80,6 +80,9 @@ class RunReport:
     sink_kind: str = "table"
     #: True when Ctrl-C stopped a streaming run at a micro-batch boundary
     interrupted: bool = False
+    #: live sources' positions after the latest batch (a PostgreSQL slot and
+    #: its lag in bytes: docs/sources.md), by source
+    sources: dict = dataclasses.field(default_factory=dict)
     #: (operator, instance, key group) -> its state rows after the latest batch that touched it
     _group_state: dict = dataclasses.field(default_factory=dict, repr=False)
 
@@ -171,6 +174,10 @@ class RunReport:
                          f"{len(et.get('partitions', {}))}, idle: {et.get('idle_partitions', [])}")
         if c.get("null_sink_key"):
             lines.append(f"changes with a null sink key (dead letter): {c['null_sink_key']}")
+        for name, pos in self.sources.items():
+            if "lag_bytes" in pos:
+                lines.append(f"source {name}: slot {pos['slot']} at {pos['confirmed_lsn']}, lag "
+                             f"{pos['lag_bytes']:,} bytes of WAL held on the server")
         if self.table:
             lines.append(f"upsert table: {self.table}")
         if self.changelog:
@@ -309,7 +316,7 @@ def run_to_sink(df, table, *, key, schema: pa.Schema, checkpoint: Optional[str] 
                 dead_letter: Optional[str] = None, strict: bool = False,
                 progress: Optional[Callable[[RunReport], None]] = None,
                 late_output: Optional[str] = None, entry_instances: tuple = (),
-                keys_emitted_once: bool = False) -> RunReport:
+                keys_emitted_once: bool = False, source_positions: dict = None) -> RunReport:
     """Run the changelog ``df`` (the lowered plan) into ``table`` keyed by ``key``.
 
     ``schema``: the data columns (Arrow) the sinks store.  The bad input and
@@ -319,6 +326,8 @@ def run_to_sink(df, table, *, key, schema: pa.Schema, checkpoint: Optional[str] 
     emits each value of ``key`` at most once over the query's life (keep first
     without TTL on a key inside ``key``); a Delta table given as a path may
     then append while this query is its only writer (docs/sinks.md).
+    ``source_positions``: source name -> a callable giving its position (a
+    replication slot's lag), recorded in the report after every batch.
     """
     from ..sinks.changelog import ChangelogSink
     from ..sinks.delta import DeltaUpsertSink
@@ -399,6 +408,8 @@ def run_to_sink(df, table, *, key, schema: pa.Schema, checkpoint: Optional[str] 
             report.deleted += int(result.get("deleted", 0))
             if result.get("write"):
                 report.sink_writes[result["write"]] = report.sink_writes.get(result["write"], 0) + 1
+        for name, position in (source_positions or {}).items():
+            report.sources[name] = position()
         if progress:
             progress(report)
 
