@@ -219,7 +219,7 @@ def retrying(cfg: SourceConfig, what: str, fn):
     raise PostgresCdcError(
         f"PostgreSQL at {cfg.hostname}:{cfg.port} (database {cfg.database!r}) is unreachable: "
         f"{what} failed {cfg.max_retries + 1} times over {time.monotonic() - started:.1f} s "
-        f"(last error: {str(last).strip()}); the micro-batch was not committed: restart the query "
+        f"(last error: {' '.join(str(last).split())}); the micro-batch was not committed: restart the query "
         "from its checkpoint once the server is back, it resumes where it stopped") from last
 
 
@@ -397,9 +397,12 @@ class PostgresCdcStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         return marker.get("slot") == self.cfg.slot_name and parse_lsn(slot[0]) == marker.get("lsn")
 
     def initialOffset(self) -> dict:
-        """``snapshot@0``: the slot is created (and its snapshot exported) when
-        the snapshot micro-batch is planned, in the process that then holds the
-        exporting connection; ``lsn`` 0 stands for the slot's consistent point."""
+        """``initial``: ``snapshot@0``; the slot is created (and its snapshot
+        exported) when the snapshot micro-batch is planned, in the process that
+        then holds the exporting connection; ``lsn`` 0 stands for the slot's
+        consistent point.  ``latest-offset``: no snapshot; an existing slot
+        streams from its confirmed position (what it kept since it was
+        created), a missing one is created at the server's current position."""
         cfg = self.cfg
         if cfg.startup_mode == "initial":
             return {"lsn": 0, "phase": "snapshot"}
@@ -409,11 +412,8 @@ class PostgresCdcStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
                 slot = self._slot(conn)
                 self._check_plugin(slot)
                 if slot is None:
-                    self._create_slot(export=False)
-                now = conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0]
-                conn.execute("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)",
-                             (cfg.slot_name, now))
-                return parse_lsn(self._slot(conn)[0])
+                    return self._create_slot(export=False)
+                return parse_lsn(slot[0])
         return {"lsn": retrying(cfg, "creating the replication slot", start_now), "phase": "stream"}
 
     def _check_plugin(self, slot) -> None:
@@ -521,7 +521,8 @@ class PostgresCdcStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
             while True:
                 where, params = _key_range(cfg, types, lower, None)
                 row = conn.execute(
-                    f"SELECT {', '.join(quote_ident(k) + '::text' for k in cfg.key)} FROM {cfg.table} "
+                    f"SELECT {', '.join(f'{quote_ident(k)}::text AS k{i}' for i, k in enumerate(cfg.key))} "
+                    f"FROM {cfg.table} "
                     f"{where} ORDER BY {key} OFFSET %s LIMIT 1",
                     params + [cfg.chunk_size - 1]).fetchone()
                 if row is None:
