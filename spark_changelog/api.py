@@ -516,7 +516,8 @@ class ChangelogStream:
                      materialize: str = "auto", conflict: Optional[str] = None,
                      require_on_conflict: bool = False,
                      materializer_ttl_ms: Optional[int] = None,
-                     key_groups: int = DEFAULT_KEY_GROUPS, late_output: Optional[str] = None):
+                     key_groups: int = DEFAULT_KEY_GROUPS, late_output: Optional[str] = None,
+                     trigger: Optional[str] = None, until=None):
         """Write the stream to an upsert table (a Delta path or an ``UpsertSink``);
         see :func:`spark_changelog.runtime.pipeline.run_to_sink`.
 
@@ -532,6 +533,9 @@ class ChangelogStream:
         Bad input of every source leaf goes to ``dead_letter``.
         ``late_output``: a directory for the late rows of window operators
         (JSON lines per micro-batch, docs/windows.md).
+        ``trigger``/``until``: keep a streaming query running with a
+        processing-time trigger (e.g. ``"0 seconds"``) until ``until(report)``
+        is true; by default it reads what the sources hold now and stops.
         """
         name = os.fspath(table) if isinstance(table, (str, os.PathLike)) else type(table).__name__
         sink = self.plan_sink(key, materialize=materialize, conflict=conflict,
@@ -539,7 +543,8 @@ class ChangelogStream:
                               materializer_ttl_ms=materializer_ttl_ms, key_groups=key_groups)
         return run_sink(sink, table, checkpoint=checkpoint, changelog_path=changelog_path,
                         changelog_format=changelog_format, dead_letter=dead_letter, strict=strict,
-                        progress=progress, late_output=late_output, warn_stacklevel=3)
+                        progress=progress, late_output=late_output, warn_stacklevel=3,
+                        trigger=trigger, until=until)
 
     def collect(self):
         """A bounded stream's emitted changelog as pandas (data rows, in ``_seq`` order)."""

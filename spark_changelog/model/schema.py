@@ -7,7 +7,9 @@ two metadata columns:
     the :class:`~spark_changelog.model.rowkind.RowKind` code of the row.
 ``_seq`` (bigint)
     a sequence that totally orders the changes of one source partition
-    (Debezium ``source.lsn``/``pos``, ``ts_ms``, or file + line).  Operators
+    (Debezium ``source.lsn``/``pos``, ``ts_ms``, or file + line; the
+    PostgreSQL CDC source: commit LSN + position in the transaction,
+    docs/sources.md).  Operators
     emit rows carrying an ``_seq`` that keeps the per-key (or per-row) order of
     their own emissions.  Several rows emitted for one input row share its
     ``_seq``; between rows of one key with equal ``_seq`` a retraction always

@@ -26,7 +26,8 @@ class PlanWarning(UserWarning):
 def run_sink(sink: Sink, table, *, checkpoint: Optional[str] = None,
              changelog_path: Optional[str] = None, changelog_format: str = "parquet",
              dead_letter: Optional[str] = None, strict: bool = False, progress=None,
-             late_output: Optional[str] = None, warn_stacklevel: int = 2):
+             late_output: Optional[str] = None, warn_stacklevel: int = 2,
+             trigger: Optional[str] = None, until=None):
     """Run the planned ``sink`` into ``table`` (a Delta path or an
     ``UpsertSink``); returns the :class:`~spark_changelog.runtime.pipeline.RunReport`.
     Plan warnings are issued as :class:`PlanWarning` and listed first in the
@@ -47,6 +48,7 @@ def run_sink(sink: Sink, table, *, checkpoint: Optional[str] = None,
                          strict=strict, progress=progress, late_output=late_output,
                          entry_instances=tuple(operator_instance(op) for op in low.entry),
                          keys_emitted_once=sink_keys_emitted_once(sink),
+                         trigger=trigger, until=until,
                          source_positions={s.name: s.reader.progress for s in source_leaves(sink)
                                            if hasattr(s.reader, "progress")})
     report.plan = explain_plan(sink)

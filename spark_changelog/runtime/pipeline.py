@@ -316,7 +316,9 @@ def run_to_sink(df, table, *, key, schema: pa.Schema, checkpoint: Optional[str] 
                 dead_letter: Optional[str] = None, strict: bool = False,
                 progress: Optional[Callable[[RunReport], None]] = None,
                 late_output: Optional[str] = None, entry_instances: tuple = (),
-                keys_emitted_once: bool = False, source_positions: dict = None) -> RunReport:
+                keys_emitted_once: bool = False, source_positions: dict = None,
+                trigger: Optional[str] = None,
+                until: Optional[Callable[[RunReport], bool]] = None) -> RunReport:
     """Run the changelog ``df`` (the lowered plan) into ``table`` keyed by ``key``.
 
     ``schema``: the data columns (Arrow) the sinks store.  The bad input and
@@ -328,6 +330,10 @@ def run_to_sink(df, table, *, key, schema: pa.Schema, checkpoint: Optional[str] 
     then append while this query is its only writer (docs/sinks.md).
     ``source_positions``: source name -> a callable giving its position (a
     replication slot's lag), recorded in the report after every batch.
+    ``trigger``: None runs what the sources hold now, in micro-batches, and
+    stops (Spark's available-now trigger); an interval (``"1 second"``, ``"0
+    seconds"``: back to back) keeps the query running with that processing-time
+    trigger until ``until(report)`` is true (checked every 0.2 s) or it fails.
     """
     from ..sinks.changelog import ChangelogSink
     from ..sinks.delta import DeltaUpsertSink
@@ -437,13 +443,17 @@ def run_to_sink(df, table, *, key, schema: pa.Schema, checkpoint: Optional[str] 
             failure.append(err)
             raise
 
-    query = (df.writeStream.foreachBatch(main_batch)
-             .option("checkpointLocation", main_ck)
-             .trigger(availableNow=True).start())
+    writer = df.writeStream.foreachBatch(main_batch).option("checkpointLocation", main_ck)
+    query = (writer.trigger(availableNow=True) if trigger is None
+             else writer.trigger(processingTime=trigger)).start()
     try:
         with operator_errors(), _stop_on_ctrl_c(stop):
             try:
-                query.awaitTermination()
+                if until is None:
+                    query.awaitTermination()
+                else:
+                    while not query.awaitTermination(0.2) and not until(report):
+                        pass
             except Exception as err:
                 if failure and isinstance(failure[0], _StopRequested):
                     report.interrupted = True

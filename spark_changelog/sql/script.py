@@ -28,6 +28,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional, Union
 
+from ..connectors.postgres_cdc import OPTIONS as POSTGRES_CDC_OPTIONS
+
 from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
 from sqlglot.tokens import Token, TokenType
@@ -48,7 +50,8 @@ FILESYSTEM_FORMATS = {
     "parquet": ("changelog", "parquet"),
     "avro": ("changelog", "avro"),
 }
-CONNECTORS = ("filesystem", "kafka", "delta", "jdbc", "postgres", "print", "blackhole")
+CONNECTORS = ("filesystem", "kafka", "postgres-cdc", "delta", "jdbc", "postgres", "print",
+              "blackhole")
 #: a sink table that holds the SCD type 2 history of what is inserted (sql/history_sink.py)
 HISTORY_OPTIONS = ("spark-changelog.scd-type", "spark-changelog.track-history",
                    "spark-changelog.ignore-null-updates", "spark-changelog.sequence-by")
@@ -65,6 +68,8 @@ CONNECTOR_OPTIONS = {
     "postgres": ("url", "table-name", "username", "password") + HISTORY_OPTIONS,
     "print": ("print-identifier",),
     "blackhole": (),
+    # Flink CDC's names (docs/sources.md, "Options")
+    "postgres-cdc": tuple(POSTGRES_CDC_OPTIONS),
 }
 
 _BASE_OPTIONS = {"filesystem": ("path", "format"), "delta": ("path",)}

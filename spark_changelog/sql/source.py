@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from ..api import read_changes
+from ..api import read_changes, read_postgres_cdc
 from ..connectors.cdc_json import InvalidChangeError
 from .context import Context
 from .errors import UnsupportedFeature
@@ -39,6 +39,8 @@ def read_source(ctx: Context, t: TableDef, pos: Position,
     changelog whose operation is that column (``FROM_CHANGELOG``, which
     removes it from the columns)."""
     c = t.connector
+    if c.kind == "postgres-cdc":
+        return _with_computed_columns(ctx, t, pos, _read_postgres_cdc(ctx, t))
     if c.kind not in ("filesystem", "kafka"):
         raise ctx.error(f"table {t.name} (connector {c.kind!r}) cannot be read: "
                         "sources are 'filesystem' and 'kafka' tables", pos, UnsupportedFeature)
@@ -80,6 +82,43 @@ def read_source(ctx: Context, t: TableDef, pos: Position,
         if isinstance(e, InvalidChangeError):   # bad input (strict), not a script error
             raise
         raise ctx.error(f"table {t.name}: {e}", t.position) from None
+    return _with_computed_columns(ctx, t, pos, stream)
+
+
+def _read_postgres_cdc(ctx: Context, t: TableDef):
+    """A ``postgres-cdc`` table (docs/sources.md, "PostgreSQL CDC"): the declared
+    columns must be columns of the PostgreSQL table with the Spark type its
+    catalog gives, and the declared primary key must be the table's."""
+    from ..connectors.postgres_cdc import PostgresCdcError
+    if not ctx.streaming:
+        raise ctx.error(f"table {t.name}: 'postgres-cdc' is a streaming source; run the script "
+                        "streaming (without --batch / execution.runtime-mode = batch)", t.position)
+    opts = dict(t.connector.options)
+    try:
+        stream = read_postgres_cdc(ctx.spark, opts.pop("table-name", None), **{
+            "hostname": opts.pop("hostname", None), "username": opts.pop("username", None),
+            "database_name": opts.pop("database-name", None), "slot_name": opts.pop("slot.name", None),
+            "name": t.name}, **opts)
+    except (PostgresCdcError, TypeError) as e:
+        raise ctx.error(f"table {t.name}: {e}", t.position) from None
+    from pyspark.sql.types import _parse_datatype_string
+    catalog = {c: stream.df.schema[c].dataType for c in stream.traits.columns}
+    for col in t.physical_columns:
+        if col.name not in catalog:
+            raise ctx.error(f"table {t.name}: column {col.name!r} is not a column of the PostgreSQL "
+                            f"table (it has {list(catalog)})", t.position)
+        if col.spark_type and _parse_datatype_string(col.spark_type) != catalog[col.name]:
+            raise ctx.error(f"table {t.name}: column {col.name!r} is declared {col.spark_type} "
+                            f"but PostgreSQL's type maps to "
+                            f"{catalog[col.name].simpleString().upper()}", t.position)
+    if t.primary_key and tuple(t.primary_key) != tuple(stream.traits.primary_key):
+        raise ctx.error(f"table {t.name}: PRIMARY KEY ({', '.join(t.primary_key)}) is not the "
+                        f"PostgreSQL table's ({', '.join(stream.traits.primary_key)})", t.position)
+    names = [col.name for col in t.physical_columns]
+    return stream if names == list(catalog) else stream.select(*names)
+
+
+def _with_computed_columns(ctx: Context, t: TableDef, pos: Position, stream) -> Relation:
     fields = [Field(t.name, col.name, col.name) for col in t.physical_columns]
     rel = Relation(stream, tuple(fields))
     for col in t.columns:
