@@ -241,7 +241,7 @@ PRE_SPARK = [
             "error: {p}:2:47: Expected DEDUPLICATE, ERROR or NOTHING after ON CONFLICT DO", 2),
     Mistake("unknown connector", unknown_connector,
             "not supported: {p}:1:31: table a: unknown connector 'rabbitmq': expected one of "
-            "filesystem, kafka, delta, jdbc, postgres, print, blackhole", 3),
+            "filesystem, kafka, postgres-cdc, delta, jdbc, postgres, print, blackhole", 3),
     Mistake("filesystem source without a path", filesystem_without_path,
             "error: {p}:1:31: table a: connector 'filesystem' needs 'path'", 2),
     Mistake("wrong input path", wrong_input_path,
