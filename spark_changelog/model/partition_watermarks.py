@@ -34,6 +34,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .source_watermarks import SourceWatermarks
 from .watermark import NO_WATERMARK, WatermarkGenerator
 
 #: the partition name of a source that declares no partitions
@@ -63,7 +64,9 @@ class EventTimeSpec:
         return self.partition == FILE_PARTITIONS
 
     def describe(self) -> str:
-        parts = ("one partition" if self.partition is None else "per input file"
+        parts = ("the minimum over the source partitions"
+                 if isinstance(self.generator, SourceWatermarks)
+                 else "one partition" if self.partition is None else "per input file"
                  if self.partition == FILE_PARTITIONS else f"per {self.partition}")
         idle = ("no idleness" if self.idle_timeout_ms is None
                 else f"idle after {self.idle_timeout_ms} ms")

@@ -91,9 +91,11 @@ def _lower(node: Node) -> Lowered:
     if isinstance(node, Sink):
         return lower(node.input)
     if isinstance(node, WatermarkAssigner):
+        # Spark's watermark for the operators that run in its EventTime mode,
+        # and the watermark rows every window folds (docs/windows.md)
         inp = lower(node.input)
-        return dataclasses.replace(inp, df=inp.df.withWatermark(node.column,
-                                                                node.strategy.spark_delay))
+        df = inp.df.withWatermark(node.column, node.strategy.spark_delay)
+        return dataclasses.replace(inp, df=_with_watermark_rows(node, df))
     if isinstance(node, Project):
         return _project(node, lower(node.input))
     if isinstance(node, Filter):
@@ -188,8 +190,12 @@ def _window_aggregate(node: WindowAggregate) -> Lowered:
     # the plan's traits): Spark's withWatermark would only add a batch without
     # data at the end of every run (~1 s), so a watermark declared right under
     # the window is not lowered
-    source = tvf.input.input if isinstance(tvf.input, WatermarkAssigner) else tvf.input
-    inp = lower(source)
+    if isinstance(tvf.input, WatermarkAssigner):
+        inp = lower(tvf.input.input)
+        if tvf.from_source:
+            inp = dataclasses.replace(inp, df=_with_watermark_rows(tvf.input, inp.df))
+    else:
+        inp = lower(tvf.input)
     if tvf.window.merging:   # sessions merge per key: the operator's key is the group keys
         inp, group_keys = _keyed_input(inp, group_keys)
     data = operator_schema_of(inp.data_df)
@@ -200,8 +206,15 @@ def _window_aggregate(node: WindowAggregate) -> Lowered:
     cls = SessionWindowAggregate if tvf.window.merging else WindowAggregateOp
     op = cls(projected, group_keys, [AggCall(*a) for a in node.aggregates],
              allowed_lateness_ms=node.allowed_lateness_ms, time_column=tvf.column)
-    out = apply_event_time(inp.df, op, tvf.spec, assigner=tvf.window, key_groups=node.key_groups)
+    out = apply_event_time(inp.df, op, tvf.spec, assigner=tvf.window, key_groups=node.key_groups,
+                           from_source=tvf.from_source)
     return _without_global_key(inp.then(out, op))
+
+
+def _with_watermark_rows(node: WatermarkAssigner, df):
+    """The source's rows and its watermark rows (``runtime.source_watermarks``)."""
+    from ..runtime.source_watermarks import generate_watermarks
+    return generate_watermarks(df, node.strategy, node.source_name)
 
 
 def _deduplicate(node: Deduplicate, inp: Lowered) -> Lowered:

@@ -236,9 +236,19 @@ class WatermarkAssigner(_Unary):
     def strategy(self) -> WatermarkStrategy:
         return BoundedOutOfOrderness(self.column, self.bound_ms)
 
+    @property
+    def source_name(self) -> str:
+        """The source the watermark is generated at (its partitions' prefix)."""
+        return "+".join(s.name for s in source_leaves(self)) or "source"
+
+    def generates(self) -> str:
+        """What the source generates, for the operators that use it."""
+        return f"{self.source_name}: {self.strategy.describe()}"
+
     def label(self) -> str:
         return (f"WatermarkAssigner(rowtime=[{self.column}], "
-                f"watermark=[{self.column} - {self.bound_ms} ms])")
+                f"watermark=[{self.column} - {self.bound_ms} ms], "
+                f"generated=[at source {self.source_name}, one partition])")
 
     def derive_traits(self) -> Traits:
         return dataclasses.replace(self.input.traits, has_watermark=True, notes=(),
@@ -602,9 +612,13 @@ class Materialize(_Unary):
 
     def derive_traits(self) -> Traits:
         t = self.input.traits
+        notes = ()
+        if self.conflict in ("error", "nothing"):
+            notes = (f"ON CONFLICT DO {self.conflict.upper()} waits for the watermark; "
+                     f"{spark_watermark_note(self.input)}",)
         # its output per sink key is ordered: the sink key is now the upsert key
         return dataclasses.replace(t, unique_keys=_dedup_keys([self.sink_key] + list(t.unique_keys)),
-                                   upsert_key=self.sink_key, notes=(), primary_key=self.sink_key)
+                                   upsert_key=self.sink_key, notes=notes, primary_key=self.sink_key)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -656,9 +670,22 @@ class WindowTableFunction(_Unary):
     idle_timeout_ms: Optional[int] = None
 
     @property
+    def from_source(self) -> bool:
+        """The windows wait for the watermarks generated at the sources
+        (carried with the stream, docs/windows.md, "Watermarks from the
+        source"), not for a generator or partitioning of their own."""
+        return self.generator is None and self.partition is None and \
+            self.input.traits.watermark is not None
+
+    @property
     def spec(self):
         """The :class:`~spark_changelog.model.partition_watermarks.EventTimeSpec`."""
         from ..model.partition_watermarks import EventTimeSpec
+        from ..model.source_watermarks import SourceWatermarks
+        if self.from_source:
+            sources = tuple(w.generates() for w in watermark_assigners(self.input))
+            return EventTimeSpec(SourceWatermarks(self.column, sources), None,
+                                 self.idle_timeout_ms)
         gen = self.generator or self.input.traits.watermark
         if gen is None:
             raise ValueError(f"window on {self.column!r}: the stream has no watermark; declare "
@@ -760,7 +787,8 @@ class Deduplicate(_Unary):
         if self.waits_for_watermark:
             notes = (f"keep first on event time {self.order_by!r} waits for the watermark: a "
                      "key's row is emitted once the watermark passes its event time, rows "
-                     "behind the watermark are dropped as late (Flink 2.3)",)
+                     "behind the watermark are dropped as late (Flink 2.3); "
+                     f"{spark_watermark_note(self.input)}",)
         if self.fold_batch and self.keep == "last":
             notes += (MINI_BATCH_NOTE,)
         # a global deduplication (no key) keeps one row: no key column identifies it
@@ -929,6 +957,29 @@ def join_input_specs(node: Join) -> tuple[JoinInputSideSpec, JoinInputSideSpec]:
             join_input_side_spec(node.right_keys, node.right.traits.unique_keys))
 
 
+def spark_watermark_note(node: Node) -> str:
+    """What an operator run in Spark's event-time mode waits for (explain)."""
+    sources = "; ".join(w.generates() for w in watermark_assigners(node)) or "none declared"
+    return (f"its watermark: Spark's query watermark, generated at the source ({sources}), "
+            "unchanged by filters and projections, the minimum over sources (no per-partition "
+            "watermarks or idleness yet)")
+
+
+def watermark_assigners(node: Node) -> list["WatermarkAssigner"]:
+    """The watermark assigners feeding ``node``, left to right, each once."""
+    out: list = []
+
+    def walk(n: Node) -> None:
+        if isinstance(n, WatermarkAssigner):
+            if not any(w is n for w in out):
+                out.append(n)
+            return
+        for c in n.children:
+            walk(c)
+    walk(node)
+    return out
+
+
 def source_leaves(node: Node) -> list[Source]:
     """The Source leaves of a plan, left to right, each once."""
     out: list[Source] = []
@@ -943,7 +994,8 @@ def source_leaves(node: Node) -> list[Source]:
     return out
 
 
-__all__ = ["Traits", "Node", "Source", "WatermarkAssigner", "Project", "ProjectItem", "Filter", "UnionAll",
+__all__ = ["watermark_assigners", "Traits", "Node", "Source", "WatermarkAssigner", "Project", "ProjectItem",
+           "Filter", "UnionAll",
            "Normalize", "ApplyAs", "History", "Join", "Materialize", "Sink", "Deduplicate", "Aggregate", "TopN",
            "AggCall", "agg_text", "infer", "join_traits",
            "exchange_upsert_key", "join_input_specs", "source_leaves",

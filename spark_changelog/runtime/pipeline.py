@@ -41,6 +41,7 @@ import pyarrow.compute as pc
 
 from ..model import KIND_COL, SEQ_COL, as_key
 from ..model.errors import PathError, UserError
+from ..model.source_watermarks import is_watermark_payload
 from .spark_keyed import METRICS_COL, METRICS_KIND
 
 
@@ -224,7 +225,10 @@ def split_side_rows(table: pa.Table) -> tuple[pa.Table, list[dict]]:
     is_metric = pc.fill_null(pc.equal(table[KIND_COL], METRICS_KIND), False)
     if not pc.any(is_metric).as_py():
         return table.drop_columns([METRICS_COL]), []
-    metrics = [json.loads(s) for s in table.filter(is_metric)[METRICS_COL].to_pylist()]
+    # watermark rows no event-time operator consumed (a stream with a
+    # watermark and no window) carry nothing for the report
+    metrics = [p for p in (json.loads(s) for s in table.filter(is_metric)[METRICS_COL].to_pylist())
+               if not is_watermark_payload(p)]
     return table.filter(pc.invert(is_metric)).drop_columns([METRICS_COL]), metrics
 
 

@@ -26,6 +26,7 @@ firing exactly as the first attempt did.
 """
 from __future__ import annotations
 
+import json
 import time
 from typing import Iterator, Optional
 
@@ -34,8 +35,9 @@ import pandas as pd
 import pyarrow as pa
 from pyspark.sql.types import StringType, StructField, StructType
 
-from ..model import KIND_COL
+from ..model import KIND_COL, METRICS_COL
 from ..model.partitioning import spread_group_ids
+from ..model.source_watermarks import is_watermark_payload, watermark_progress
 from ..model.partition_watermarks import (FILE_PARTITIONS, EventTimeSpec,
                                           PartitionWatermarks)
 from ..model.watermark import NO_WATERMARK
@@ -79,12 +81,24 @@ def _key_groups_of(table: pa.Table, key, key_groups: int) -> np.ndarray:
 
 
 
+def _watermark_rows(side: pa.Table) -> tuple[pa.Table, Optional[pd.DataFrame]]:
+    """The side rows without the watermark rows, and those as a progress table."""
+    payloads = [json.loads(m) if m else {} for m in side.column(METRICS_COL).to_pylist()]
+    marks = np.array([is_watermark_payload(p) for p in payloads], dtype=bool)
+    if not marks.any():
+        return side, None
+    progress = watermark_progress(p for p, m in zip(payloads, marks) if m)
+    return side.filter(pa.array(~marks)), progress
+
+
 def _project_and_pack(spec: EventTimeSpec, column: str, assigner: Optional[WindowAssigner],
-                      key, key_groups: int, row_schema: pa.Schema):
+                      key, key_groups: int, row_schema: pa.Schema, from_source: bool = False):
     """The ``mapInArrow`` function of step 1 (module docstring): per key
     group, one output row holding all of this Spark partition's rows of the
     group plus the whole partition's progress summary, as one compressed
-    Arrow IPC blob (``row_schema``)."""
+    Arrow IPC blob (``row_schema``).  ``from_source``: the progress is the
+    watermark rows the sources generated (consumed here), not the rows'
+    own event times."""
 
     def fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         pieces, data_parts, side_parts = [], [], []
@@ -99,18 +113,27 @@ def _project_and_pack(spec: EventTimeSpec, column: str, assigner: Optional[Windo
             side = kinds == METRICS_KIND
             data = t.filter(pa.array(~side)) if side.any() else t
             if data.num_rows:
-                parts = data.column(PART_COL) if PART_COL in data.column_names else None
-                pieces.append(batch_progress(data, spec, parts))
+                if not from_source:
+                    parts = data.column(PART_COL) if PART_COL in data.column_names else None
+                    pieces.append(batch_progress(data, spec, parts))
                 projected = (assign_windows(data, column, assigner) if assigner is not None
                              else data)
                 data_parts.append(conform(projected, row_schema))
             if side.any():
-                side_parts.append(conform(t.filter(pa.array(side)), row_schema))
+                rest = t.filter(pa.array(side))
+                if from_source:
+                    rest, progress = _watermark_rows(rest)
+                    if progress is not None:
+                        pieces.append(progress)
+                if rest.num_rows:
+                    side_parts.append(conform(rest, row_schema))
         packed = []
         if side_parts:
             packed.append((METRICS_GROUP, pack(pa.concat_tables(side_parts))))
-        if pieces:
-            prog = pd.concat(pieces, ignore_index=True)
+        if pieces or data_parts:
+            prog = (pd.concat(pieces, ignore_index=True) if pieces else
+                    pd.DataFrame({"partition": pd.Series([], dtype=object),
+                                  "progress": np.zeros(0, dtype=np.int64)}))
             prog = prog.groupby("partition", sort=True)["progress"].max().reset_index()
             n = len(prog)
             cols = {}
@@ -126,7 +149,7 @@ def _project_and_pack(spec: EventTimeSpec, column: str, assigner: Optional[Windo
                 else:
                     cols[f.name] = pa.nulls(n, f.type)
             summary = pa.table(cols, schema=row_schema)
-            data = pa.concat_tables(data_parts)
+            data = pa.concat_tables(data_parts) if data_parts else row_schema.empty_table()
             kg = _key_groups_of(data, key, key_groups)
             # rows of one group together, in input order (the operator sorts by
             # key and _seq itself)
@@ -235,7 +258,7 @@ def project_windows(df, column: str, assigner: WindowAssigner):
 
 
 def pack_event_time_input(df, spec: EventTimeSpec, key, key_groups: int,
-                          assigner: Optional[WindowAssigner] = None):
+                          assigner: Optional[WindowAssigner] = None, from_source: bool = False):
     """Step 1 of the module docstring: ``df`` with the batch time and source
     partition added, windows assigned and each key group's rows plus the
     progress summary packed (:func:`_project_and_pack`).  Returns (packed
@@ -260,7 +283,7 @@ def pack_event_time_input(df, spec: EventTimeSpec, key, key_groups: int,
     # the packed rows' columns (the processor drops the helpers)
     columns = [f.name for f in row_schema]
     packed = src.mapInArrow(_project_and_pack(spec, spec.column, assigner, key,
-                                              key_groups, row_schema),
+                                              key_groups, row_schema, from_source),
                             spark_schema(packed_schema(KEY_GROUP_COL)))
     return packed, columns
 
@@ -268,10 +291,14 @@ def pack_event_time_input(df, spec: EventTimeSpec, key, key_groups: int,
 def apply_event_time(df, operator: KeyedOperator, spec: EventTimeSpec, *,
                      assigner: Optional[WindowAssigner] = None,
                      key_groups: Optional[int] = None, growth: float = 1.0,
-                     max_runs: int = 8):
+                     max_runs: int = 8, from_source: bool = False):
     """The event-time operator's output (plus metric rows) as a DataFrame:
     the window projection (``assigner`` on ``spec.column``) and the operator,
     streaming with our own watermarks, or batch with the end of input.
+    ``from_source``: the watermarks are the sources' watermark rows
+    (``runtime.source_watermarks``), folded by ``spec`` (a
+    ``SourceWatermarks`` generator); else ``spec`` generates them from the
+    operator's input rows.
 
     ``key_groups`` (default :data:`EVENT_TIME_KEY_GROUPS`) is fixed for the
     life of a checkpoint.  Rows cross to the Python step packed per key
@@ -279,7 +306,8 @@ def apply_event_time(df, operator: KeyedOperator, spec: EventTimeSpec, *,
     without making any call cheaper."""
     if key_groups is None:
         key_groups = EVENT_TIME_KEY_GROUPS
-    packed, columns = pack_event_time_input(df, spec, operator.key, key_groups, assigner)
+    packed, columns = pack_event_time_input(df, spec, operator.key, key_groups, assigner,
+                                            from_source)
     out_schema = spark_schema(output_schema_with_metrics(operator))
     time_zone = df.sparkSession.conf.get("spark.sql.session.timeZone")
     grouped = packed.groupBy(KEY_GROUP_COL)

@@ -156,7 +156,7 @@ def test_do_nothing_keeps_first_row_and_waits_for_the_watermark(spark, tmp_path,
         assert report.watermark_ms == 20000 - BOUND_MS - 1
         assert report.counters.get("watermark_timers", 0) > 0
     assert "SinkUpsertMaterializer" in report.plan and "NOTHING" in report.plan
-    assert "WatermarkAssigner(rowtime=[rt], watermark=[rt - 0 ms])" in report.plan
+    assert "WatermarkAssigner(rowtime=[rt], watermark=[rt - 0 ms], generated=[" in report.plan
 
 
 def test_do_error_stops_the_query_naming_the_key(spark, tmp_path):

@@ -124,7 +124,7 @@ def test_with_watermark_is_a_plan_node_over_the_projection(spark):
     assert w.schema.time_attribute == "rt"
     # the explain keeps the history: source, projection, watermark
     lines = w.explain().splitlines()
-    assert lines[0].startswith("WatermarkAssigner(rowtime=[rt], watermark=[rt - 5 ms])")
+    assert lines[0].startswith("WatermarkAssigner(rowtime=[rt], watermark=[rt - 5 ms], generated=[")
     assert any("Project(select=[id, t, timestamp_millis(t) AS rt])" in line for line in lines)
     assert any("Source(name=[s]" in line for line in lines)
     n = w.normalize()

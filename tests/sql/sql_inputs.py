@@ -48,3 +48,21 @@ def create_table(name: str, spec: dict, path) -> str:
     if spec.get("primary_key"):
         cols.append(f"PRIMARY KEY ({', '.join(spec['primary_key'])}) NOT ENFORCED")
     return f"CREATE TEMPORARY TABLE {name} ({', '.join(cols)}) WITH ({source_options(path)})"
+
+
+#: seed 002's per-minute click counts into a Delta table (``{out}``), up to
+#: the WHERE/GROUP BY the caller adds
+PER_MINUTE = """
+CREATE TABLE per_minute (
+  window_start TIMESTAMP(3), window_end TIMESTAMP(3), users BIGINT, clicks BIGINT,
+  PRIMARY KEY (window_start, window_end) NOT ENFORCED
+) WITH ('connector' = 'delta', 'path' = '{out}');
+INSERT INTO per_minute
+SELECT window_start, window_end, COUNT(DISTINCT u) AS users, COUNT(*) AS clicks
+FROM TABLE(TUMBLE(TABLE clicks, DESCRIPTOR(rt), INTERVAL '1' MINUTE))
+"""
+
+
+def hm(ts) -> str:
+    """A timestamp of a result table as naive ISO text."""
+    return ts.tz_convert(None).isoformat() if hasattr(ts, "tz_convert") else ts.isoformat()

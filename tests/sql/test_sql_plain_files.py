@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from changelog_data import load_fixture
+from sql_inputs import PER_MINUTE, hm
 from spark_changelog.connectors.cdc_json import avro_available
 from spark_changelog.sinks.delta import read_table
 from spark_changelog.sql.errors import SqlError
@@ -30,19 +31,8 @@ CREATE TABLE clicks (
   rt AS TO_TIMESTAMP_LTZ(t, 3),
   WATERMARK FOR rt AS rt - INTERVAL '1' MINUTE
 ) WITH ('connector' = 'filesystem', 'path' = '{path}', 'format' = '{fmt}'{extra});
-CREATE TABLE per_minute (
-  window_start TIMESTAMP(3), window_end TIMESTAMP(3), users BIGINT, clicks BIGINT,
-  PRIMARY KEY (window_start, window_end) NOT ENFORCED
-) WITH ('connector' = 'delta', 'path' = '{out}');
-INSERT INTO per_minute
-SELECT window_start, window_end, COUNT(DISTINCT u) AS users, COUNT(*) AS clicks
-FROM TABLE(TUMBLE(TABLE clicks, DESCRIPTOR(rt), INTERVAL '1' MINUTE))
-GROUP BY window_start, window_end;
+""" + PER_MINUTE + """GROUP BY window_start, window_end;
 """
-
-
-def hm(ts) -> str:
-    return ts.tz_convert(None).isoformat()
 
 
 def write_plain(directory, fmt: str, rows=CLICKS) -> None:

@@ -163,7 +163,8 @@ CREATE TABLE lv (level BIGINT, PRIMARY KEY (level) NOT ENFORCED)
     text = explain_script(spark, parse_script(
         head + "INSERT INTO lv SELECT a.level FROM s1w AS a JOIN s2w AS b USING (id)\n"
                "WHERE a.level > 0 ON CONFLICT DO NOTHING;", "c.sql"))
-    assert "WatermarkAssigner(rowtime=[ts], watermark=[ts - 4999 ms])" in text
+    assert "WatermarkAssigner(rowtime=[ts], watermark=[ts - 4999 ms], generated=[at source s1w, "\
+           "one partition])" in text
     # Flink divides integers as integers: / between integers becomes Spark's DIV
     assert "Project(select=[id, level, CAST(`level` AS BIGINT) * 10000 DIV 10 AS t])" in text
     assert "TIMESTAMP_MILLIS(`t`) AS ts" in text
