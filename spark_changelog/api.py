@@ -201,8 +201,8 @@ class ChangelogStream:
         """Auto CDC's event options (docs/operators.md, "Auto CDC"):
         ``deletes``, a Spark SQL condition over a change (``"op = 'D'"``),
         makes matching changes deletes; ``truncates`` makes matching changes
-        delete every ``key`` (default: the primary key) at their sequence (a
-        bounded input only).  ``sequence_by``: the column(s) placing a change;
+        delete every ``key`` (default: the primary key) at their sequence,
+        in batch and streaming.  ``sequence_by``: the column(s) placing a change;
         ``resequence``: its one integer or timestamp column becomes ``_seq``."""
         key = as_key(key) or self.traits.primary_key
         seq = as_key(sequence_by)

@@ -50,21 +50,24 @@ def lower_apply_as(node: ApplyAs, inp):
 def _truncates_as_deletes(df, node: ApplyAs):
     """A truncate at sequence T deletes every key at T: one delete per (key
     seen in the input, truncate), so the keyed operators apply it like any
-    delete, in sequence order, whatever order changes arrive in."""
+    delete, in sequence order, whatever order changes arrive in.  The pairs
+    are an equi-join on a constant of the distinct keys with the truncates:
+    in a streaming run a stream-stream join whose state keeps both sides, so
+    a key first seen after a truncate still gets its delete (a no-op when the
+    key's changes are all later) and a truncate reaches every key seen
+    before it.  The input is read three times (changes, keys, truncates)."""
     from pyspark.sql import functions as F
-    if df.isStreaming:
-        raise PlanError("apply_as_truncates needs a bounded input (streaming=False): a truncate "
-                        "deletes every key, including keys of earlier micro-batches that only "
-                        "the operator state knows")
     if not node.key:
         raise PlanError("apply_as_truncates needs the keys")
     is_data = F.col(KIND_COL) != F.lit(METRICS_KIND)
     truncate = is_data & _condition(node.truncate_when)
     rest = df.where(~truncate)
-    keys = rest.where(is_data).select(*node.key).distinct()
+    one = "__truncate_join"
+    keys = (rest.where(is_data).select(*node.key).dropDuplicates(list(node.key))
+            .withColumn(one, F.lit(1)))
     placed = [c for c in node.sequence_by if c not in node.key]
-    at = df.where(truncate).select(*placed, SEQ_COL)
-    deletes = keys.crossJoin(at).withColumn(
+    at = df.where(truncate).select(*placed, SEQ_COL).withColumn(one, F.lit(1))
+    deletes = keys.join(at, one).drop(one).withColumn(
         KIND_COL, F.lit(int(RowKind.DELETE)).cast(df.schema[KIND_COL].dataType))
     return rest.unionByName(deletes, allowMissingColumns=True)
 

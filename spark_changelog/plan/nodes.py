@@ -450,8 +450,8 @@ class ApplyAs(_Unary):
     """Auto CDC's event options in front of a history or a table
     (docs/operators.md, "Auto CDC"): ``delete_when`` (a Spark SQL condition
     over the change) turns matching changes into deletes; ``truncate_when``
-    marks changes that delete every key (a bounded input only: each becomes a
-    delete of every key in ``key`` seen, computed key-wise in Spark);
+    marks changes that delete every key (each becomes a delete of every key
+    in ``key`` seen before or after it, computed key-wise in Spark);
     ``resequence``: the one column of ``sequence_by`` (integer or timestamp)
     becomes the sequence ``_seq``.  ``sequence_by``: the columns that place a
     change (a truncate's deletes carry its values).  Keeps the input's traits."""

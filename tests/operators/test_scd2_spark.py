@@ -211,3 +211,42 @@ def test_cdc_from_snapshots_files_and_delta_versions(spark, tmp_path):
     source.history().write_upsert(str(tmp_path / "h"), key=["id", "__START_AT"])
     h = read_table(str(tmp_path / "h")).assign(city=None)
     assert [[r[0], r[1], r[3], r[4]] for r in _rows(h)] == expected
+
+
+#: change events as files (id, name, ts, op), one micro-batch each; T: truncate
+TRUNCATE_FILES = [
+    [(1, "a", 10, "U"), (2, "b", 11, "U")],
+    [(None, None, 20, "T"), (3, "c", 15, "U")],
+    [(1, "z", 5, "U"), (4, "d", 30, "U")],           # a late change of 1, a key after the truncate
+]
+#: the history after each micro-batch: id, name, ts, __START_AT, __END_AT
+TRUNCATE_HISTORY = [
+    [[1, "a", 10, 10, None], [2, "b", 11, 11, None]],
+    [[1, "a", 10, 10, 20], [2, "b", 11, 11, 20], [3, "c", 15, 15, 20]],
+    [[1, "z", 5, 5, 10], [1, "a", 10, 10, 20], [2, "b", 11, 11, 20], [3, "c", 15, 15, 20],
+     [4, "d", 30, 30, None]],
+]
+
+
+def test_streaming_truncates_close_every_key_seen_before_and_after(spark, tmp_path):
+    """A truncate in micro-batch 2 closes the versions of keys of batch 1 (held
+    in the join's state) and of its own batch; a key first seen later gets a
+    delete before its first change (nothing), a late change before the
+    truncate is placed and closed by it."""
+    for i, rows in enumerate(TRUNCATE_FILES):
+        path = tmp_path / "in" / f"p{i}.parquet"
+        path.parent.mkdir(exist_ok=True)
+        pq.write_table(pa.table({"id": pa.array([r[0] for r in rows], pa.int64()),
+                                 "name": [r[1] for r in rows],
+                                 "ts": pa.array([r[2] for r in rows], pa.int64()),
+                                 "op": [r[3] for r in rows]}), str(path))
+        set_arrival(path, i)
+    df = (spark.readStream.schema("id BIGINT, name STRING, ts BIGINT, op STRING")
+          .option("maxFilesPerTrigger", 1).parquet(str(tmp_path / "in")))
+    stream = auto_cdc_stream(df, ["id"], "ts", apply_as_truncates="op = 'T'",
+                             except_column_list=["op"], stored_as_scd_type=2)
+    table, seen = str(tmp_path / "h"), []
+    stream.write_upsert(table, key=["id", "__START_AT"], checkpoint=str(tmp_path / "ck"),
+                        progress=lambda r: seen.append(
+                            _rows(read_table(table).rename(columns={"ts": "city"}))))
+    assert seen == TRUNCATE_HISTORY
