@@ -190,7 +190,7 @@ def _with_where(e: UserError, where) -> UserError:
     return e
 
 
-_PY_ERROR_LINE = re.compile(r"^(?:[\w.]+\.)?(\w+(?:Error|Exception|Violation)): (.+)$")
+_PY_ERROR_LINE = re.compile(r"^(?:[\w.]+\.)?(\w+(?:Error|Exception|Violation|Overflow)): (.+)$")
 
 
 def _python_worker_error(text: str) -> Optional[UserError]:
@@ -211,6 +211,9 @@ def _python_worker_error(text: str) -> Optional[UserError]:
     if name == "PrimaryKeyConstraintViolation":
         return UserError(msg, todo="the sink key is not unique in the query's result: use ON "
                                    "CONFLICT DO DEDUPLICATE or NOTHING, or key the sink differently")
+    if name == "AggregateOverflow":
+        return UserError(msg, todo="CAST the argument to a DECIMAL wide enough (e.g. "
+                                   "DECIMAL(38, 0)) so the result fits, or filter the rows")
     if name == "InvalidChangeError":
         return UserError(msg, todo="fix the record, or run without --strict and give "
                                    "--dead-letter DIR to set invalid rows aside")

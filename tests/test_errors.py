@@ -400,7 +400,36 @@ def postgres_unreachable(tmp):
     return ["run", p, "--batch"], {"p": p}, None
 
 
+def value_not_a_bigint(tmp):
+    line = {"before": None, "after": {"id": 3, "name": "cy", "amount": 50.5}, "op": "c",
+            "source": {"lsn": 4}}
+    src = debezium_input(f"{tmp}/in", lines=LINES + [line])
+    p = script(tmp, source_ddl(src) + delta_ddl(f"{tmp}/out") + INSERT_ALL)
+    return ["run", p, "--batch", "--strict"], {"src": src}, lambda: tree(f"{tmp}/out") == []
+
+
+def sum_overflows(tmp):
+    big = 9_000_000_000_000_000_000
+    src = debezium_input(f"{tmp}/in", lines=[
+        {"before": None, "after": {"id": i, "name": "ann", "amount": big}, "op": "c",
+         "source": {"lsn": i}} for i in (1, 2)])
+    p = script(tmp, source_ddl(src) + GROUPED.format(out=f"{tmp}/out"))
+    return ["run", p, "--batch"], {"p": p}, lambda: tree(f"{tmp}/out") == []
+
+
 WITH_SPARK = [
+    Mistake("50.5 into a BIGINT column under --strict", value_not_a_bigint,
+            "error: invalid change record in file:{src}/part-0.json line 4: field 'amount': "
+            "value 50.5 is not a BIGINT (in 'after'); record: {{\"before\": null, \"after\": "
+            "{{\"id\": 3, \"name\": \"cy\", \"amount\": 50.5}}, \"op\": \"c\", \"source\": "
+            "{{\"lsn\": 4}}}}", 1, spark=True),
+    Mistake("SUM over BIGINT overflows", sum_overflows,
+            "error: INSERT INTO totals ({p} line 5): SUM(amount) overflows BIGINT in group "
+            "(name=ann): the result does not fit its type (Flink would wrap a BIGINT around or "
+            "emit null for a DECIMAL; we stop rather than change the value, docs/operators.md, "
+            "\"DECIMAL\")", 1, spark=True,
+            also=("  what to do: CAST the argument to a DECIMAL wide enough (e.g. DECIMAL(38, "
+                  "0)) so the result fits, or filter the rows",)),
     Mistake("STRING into a BIGINT sink column", string_into_bigint,
             "error: {p}:5:1: INSERT INTO out: column name is STRING in the query but BIGINT in "
             "the table, and STRING values cannot be stored as BIGINT (CAST it in the SELECT, or "
