@@ -115,7 +115,7 @@ _change = st.tuples(st.sampled_from(["+I", "+U", "-D"]), st.integers(1, 3),
                     st.sampled_from(["a", "b", None]), st.sampled_from(["x", "y"]))
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(changes=st.lists(_change, min_size=1, max_size=14), data=st.data(),
        options=st.sampled_from([{}, {"track_history": ["name"]}, {"ignore_null_updates": True}]))
 def test_any_interleaving_gives_the_in_order_history(changes, data, options):
