@@ -71,6 +71,10 @@ class PostgresCdcError(RuntimeError):
     """A configuration or server problem of the PostgreSQL CDC source, said plainly."""
 
 
+class NoReplicationPrivilege(PostgresCdcError):
+    """The user may not open a replication connection (to create a slot)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Column:
     name: str
@@ -186,6 +190,8 @@ def connect(cfg: SourceConfig, password: Optional[str], *, replication: bool = F
                 "role" in text and "does not exist" in text:
             raise PostgresCdcError(f"PostgreSQL at {cfg.hostname}:{cfg.port} refused user "
                                    f"{cfg.username!r}: {text}; check 'username'/'password'") from err
+        if replication and "replication role" in text:
+            raise NoReplicationPrivilege(text) from err
         if "database" in text and "does not exist" in text:
             raise PostgresCdcError(f"PostgreSQL at {cfg.hostname}:{cfg.port}: {text}; check "
                                    "'database-name'") from err
@@ -356,7 +362,10 @@ class PostgresCdcStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         """Create the slot (over a replication connection, exporting its
         snapshot when ``export``); its consistent point."""
         import psycopg
-        rconn = connect(self.cfg, self.password, replication=True)
+        try:
+            rconn = connect(self.cfg, self.password, replication=True)
+        except NoReplicationPrivilege as err:
+            raise self._no_privilege(err) from err
         try:
             cur = rconn.execute(
                 f"CREATE_REPLICATION_SLOT {quote_ident(self.cfg.slot_name)} LOGICAL pgoutput "
@@ -364,12 +373,7 @@ class PostgresCdcStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
             _, lsn, snapshot, _ = cur.fetchone()
         except psycopg.errors.InsufficientPrivilege as err:
             rconn.close()
-            raise PostgresCdcError(
-                f"user {self.cfg.username!r} may not create replication slot "
-                f"{self.cfg.slot_name!r} ({str(err).strip()}): grant it REPLICATION (ALTER ROLE "
-                f"{self.cfg.username} REPLICATION), or have an administrator run SELECT "
-                f"pg_create_logical_replication_slot('{self.cfg.slot_name}', 'pgoutput') and "
-                "start with 'scan.startup.mode' = 'latest-offset'") from err
+            raise self._no_privilege(err) from err
         except BaseException:
             rconn.close()
             raise
@@ -382,6 +386,15 @@ class PostgresCdcStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         else:
             rconn.close()
         return consistent
+
+    def _no_privilege(self, err) -> PostgresCdcError:
+        return PostgresCdcError(
+            f"user {self.cfg.username!r} may not create replication slot {self.cfg.slot_name!r} "
+            f"({' '.join(str(err).split())}): grant it REPLICATION (ALTER ROLE "
+            f"{self.cfg.username} REPLICATION; reading a slot needs it too), or have an "
+            f"administrator create the slot, SELECT pg_create_logical_replication_slot("
+            f"'{self.cfg.slot_name}', 'pgoutput'), and start with 'scan.startup.mode' = "
+            "'latest-offset' as a user with REPLICATION")
 
     def _drop_slot(self, conn) -> None:
         conn.execute("SELECT pg_drop_replication_slot(%s)", (self.cfg.slot_name,))

@@ -247,3 +247,20 @@ def test_wal_level_not_logical_says_what_to_set(tmp_path):
         with pytest.raises(PostgresCdcError, match="wal_level = replica.*ALTER SYSTEM SET "
                                                    "wal_level = logical"):
             describe_table(cfg, None)
+
+
+def test_a_user_who_may_not_create_the_slot_is_told_the_sql(pg_server, db, tmp_path):
+    name, conninfo = db
+    run(conninfo, "CREATE TABLE w (id int PRIMARY KEY)", "CREATE PUBLICATION weak_pub FOR TABLE w",
+        "DROP ROLE IF EXISTS weak", "CREATE ROLE weak LOGIN", "GRANT SELECT ON w TO weak")
+    pg = pg_server
+    cfg, _ = source_config({"hostname": pg.host, "port": pg.port, "username": "weak",
+                            "database-name": name, "table-name": "w", "slot.name": "weak",
+                            "snapshot.staging-dir": str(tmp_path / "weak"),
+                            "scan.startup.mode": "latest-offset"})
+    r = PostgresCdcStreamReader(describe_table(cfg, None), None)
+    with pytest.raises(PostgresCdcError, match=r"user 'weak' may not create replication slot 'weak'.*"
+                                               r"ALTER ROLE weak REPLICATION.*SELECT "
+                                               r"pg_create_logical_replication_slot\('weak', "
+                                               r"'pgoutput'\)"):
+        r.initialOffset()
