@@ -19,7 +19,9 @@ import time
 from typing import Callable, Optional, TextIO
 
 from ..model.errors import Interrupted, UsageError, located
-from .script import ExplainDef, Script
+from .script import ExplainDef, QueryDef, Script
+from ..runtime.spark_keyed import operator_schema_of
+from .tableau import changelog_text
 from .insert import PlannedInsert
 from .translate import Translator
 
@@ -61,7 +63,10 @@ def explain_script(spark, script: Script, fmt: str = "text", *, batch: bool = Fa
         raise ValueError(f"format must be one of {FORMATS}, got {fmt!r}")
     out = []
     for stmt, planned in Translator(spark, script, streaming=not batch).statements():
-        if planned is None:
+        if planned is None or isinstance(planned, str):
+            continue
+        if isinstance(stmt, QueryDef):
+            out.append(f"== SELECT (line {stmt.position.line}) ==\n{_render_query(planned, fmt)}")
             continue
         if isinstance(stmt, ExplainDef):
             head = f"== EXPLAIN (line {stmt.position.line}) =="
@@ -97,10 +102,15 @@ def run_script(spark, script: Script, *, batch: bool, checkpoint: Optional[str] 
                             key_groups=key_groups)
     inserts: list[PlannedInsert] = []
     explains: list[str] = []
+    selects: list = []
     for stmt, planned in translator.statements():
         if planned is None:
             continue
-        if isinstance(stmt, ExplainDef):
+        if isinstance(planned, str):            # SHOW TABLES, DESCRIBE: printed as they come
+            explains.append(planned)
+        elif isinstance(stmt, QueryDef):        # a bare SELECT: run after planning, printed
+            selects.append((stmt, planned, translator.settings.max_rows))
+        elif isinstance(stmt, ExplainDef):
             text = planned.explain() if not isinstance(planned, list) else \
                 "\n".join(p.explain() for p in planned)
             explains.append(f"== EXPLAIN (line {stmt.position.line}) ==\n{text}")
@@ -108,6 +118,18 @@ def run_script(spark, script: Script, *, batch: bool, checkpoint: Optional[str] 
             inserts.extend(planned)
     for text in explains:
         out.write(text + "\n\n")
+    if selects and not batch:
+        # a bare SELECT prints the changes of the files present: its bounded (batch) plan
+        bounded = {id(st): plan for st, plan in Translator(
+            spark, script, streaming=False, strict=strict, key_groups=key_groups).statements()
+            if isinstance(st, QueryDef)}
+        selects = [(st, bounded[id(st)], rows) for st, _, rows in selects]
+    for stmt, stream, max_rows in selects:
+        where = f"SELECT ({script.path or 'script'} line {stmt.position.line})"
+        with located(where):
+            frame = stream.collect()
+        schema = operator_schema_of(stream.df)
+        out.write(changelog_text(frame, list(stream.schema.columns), max_rows, schema) + "\n\n")
     if translator.settings.ignored:
         print(f"note: SET option(s) without effect here: {', '.join(translator.settings.ignored)}",
               file=sys.stderr)

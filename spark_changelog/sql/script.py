@@ -101,7 +101,7 @@ _TIMESTAMP_TYPES = {exp.DataType.Type.TIMESTAMP, exp.DataType.Type.TIMESTAMPTZ,
 
 _STATEMENT_STARTS = {TokenType.CREATE, TokenType.INSERT, TokenType.SET, TokenType.EXECUTE,
                      TokenType.BEGIN, TokenType.END, TokenType.SELECT, TokenType.WITH,
-                     TokenType.L_PAREN}
+                     TokenType.L_PAREN, TokenType.SHOW, TokenType.DESCRIBE, TokenType.DESC}
 
 
 # --------------------------------------------------------------------------- model
@@ -249,7 +249,24 @@ class QueryDef:
     position: Position
 
 
-Statement = Union[TableDef, ViewDef, SetOption, InsertDef, StatementSet, ExplainDef, QueryDef]
+@dataclasses.dataclass(frozen=True)
+class ShowDef:
+    """``SHOW TABLES`` / ``SHOW VIEWS``: the names defined so far."""
+
+    what: str
+    position: Position
+
+
+@dataclasses.dataclass(frozen=True)
+class DescribeDef:
+    """``DESCRIBE t`` / ``DESC t``: a table's or view's columns."""
+
+    name: str
+    position: Position
+
+
+Statement = Union[TableDef, ViewDef, SetOption, InsertDef, StatementSet, ExplainDef, QueryDef,
+                  ShowDef, DescribeDef]
 
 
 @dataclasses.dataclass
@@ -374,7 +391,7 @@ class _Builder:
                 else (err.get("col") or pos.col) + 1
             raise SqlError(_friendly(err.get("description") or str(e), highlight), line, col,
                            sql=self.sql, path=self.path, length=len(highlight) or 1) from None
-        if isinstance(parsed[0], exp.Command):
+        if isinstance(parsed[0], exp.Command) and first.token_type != TokenType.SHOW:
             self.reject_command(chunk, pos)
         return parsed[0]
 
@@ -431,11 +448,22 @@ class _Builder:
             return ExplainDef(stmt, tuple(d.name for d in node.args.get("details") or ()), pos)
         if isinstance(node, exp.Query):
             return QueryDef(node, pos)
+        if isinstance(node, exp.Command) and str(node.this).upper() == "SHOW":
+            what = str(node.expression.this if node.expression is not None else "").strip().upper()
+            if what not in ("TABLES", "VIEWS"):
+                raise self.error(f"SHOW {what} is not supported yet (SHOW TABLES and SHOW VIEWS "
+                                 "are)", pos, UnsupportedFeature)
+            return ShowDef(what, pos)
+        if isinstance(node, exp.Describe) and isinstance(node.this, exp.Table):
+            return DescribeDef(node.this.name, pos)
         raise self.error(f"unsupported statement {node.key.upper()}", pos, UnsupportedFeature)
 
     # -- CREATE TABLE -------------------------------------------------------------
     def table(self, node: exp.Create, pos: Position) -> TableDef:
         schema = node.this
+        if node.expression is not None:
+            raise self.error("CREATE TABLE ... AS SELECT is not supported yet: declare the table "
+                             "with its columns, then INSERT INTO it", pos, UnsupportedFeature)
         if not isinstance(schema, exp.Schema):
             raise self.error("CREATE TABLE needs a column list: CREATE TABLE t (id BIGINT, ...)",
                              pos)
@@ -716,7 +744,7 @@ class _Builder:
                              "tables): use INSERT INTO", pos, UnsupportedFeature)
         query = node.expression
         if not isinstance(query, exp.Query):
-            raise self.error("INSERT INTO t needs a SELECT (INSERT ... VALUES is not supported)",
+            raise self.error("INSERT INTO t needs a SELECT (INSERT ... VALUES is not supported yet)",
                              pos, UnsupportedFeature)
         conflict = node.args.get("conflict")
         action = conflict.args["action"].name.lower() if conflict is not None else None
@@ -818,5 +846,5 @@ def read_script(path: str) -> Script:
 
 __all__ = ["parse_script", "read_script", "Script", "TableDef", "ColumnDef", "WatermarkDef",
            "Connector", "ViewDef", "SetOption", "InsertDef", "StatementSet", "ExplainDef",
-           "QueryDef", "Position", "spark_type", "interval_ms", "node_position", "SETTINGS",
+           "QueryDef", "ShowDef", "DescribeDef", "Position", "spark_type", "interval_ms", "node_position", "SETTINGS",
            "FILESYSTEM_FORMATS", "CONNECTORS", "CONNECTOR_OPTIONS"]

@@ -24,6 +24,8 @@ class Settings:
     idle_timeout_ms: Optional[int] = None
     late_output: Optional[str] = None
     mini_batch: bool = False
+    #: rows of a bare SELECT printed at most (sql/tableau.py)
+    max_rows: int = 100
     ignored: tuple = ()
 
     def apply(self, s: SetOption) -> "Settings":
@@ -45,6 +47,10 @@ class Settings:
             return dataclasses.replace(self, idle_timeout_ms=ms or None)
         if s.key == LATE_OUTPUT_KEY:
             return dataclasses.replace(self, late_output=v or None)
+        if s.key == "sql-client.display.max-rows":
+            if not v.isdigit() or int(v) < 1:
+                raise ValueError(f"SET {s.key!r}: a positive number of rows, got {v!r}")
+            return dataclasses.replace(self, max_rows=int(v))
         if s.key == "table.exec.mini-batch.enabled":
             return dataclasses.replace(self, mini_batch=v.lower() == "true")
         return dataclasses.replace(self, ignored=self.ignored + (s.key,))

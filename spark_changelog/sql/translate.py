@@ -28,15 +28,16 @@ from typing import Optional
 
 from sqlglot import exp
 
-from . import from_changelog, group_by, projection, row_number, window_tvf
+from . import from_changelog, group_by, projection, row_number, tableau, window_tvf
 from .context import Context
 from .dialect import FROM_CHANGELOG, WINDOW_TVFS
-from .errors import UnsupportedFeature
+from .errors import SqlError, UnsupportedFeature
 from .insert import PlannedInsert, plan_insert
 from .join import join
 from .relation import Field, Relation
 from .row_number import RankCall
-from .script import (ExplainDef, InsertDef, Position, QueryDef, Script, SetOption, StatementSet,
+from .script import (DescribeDef, ExplainDef, InsertDef, Position, QueryDef, Script, SetOption,
+                     ShowDef, StatementSet,
                      TableDef, ViewDef, node_position)
 from .settings import Settings
 from .source import read_source
@@ -74,7 +75,12 @@ class Translator:
                 self.views[stmt.name] = stmt
                 yield stmt, None
             elif isinstance(stmt, SetOption):
-                self.ctx.settings = self.ctx.settings.apply(stmt)
+                try:
+                    self.ctx.settings = self.ctx.settings.apply(stmt)
+                except ValueError as e:
+                    if isinstance(e, SqlError):
+                        raise
+                    raise self.script.error(str(e), stmt.position) from None
                 yield stmt, None
             elif isinstance(stmt, InsertDef):
                 yield stmt, [self.insert(stmt)]
@@ -87,12 +93,27 @@ class Translator:
                 else:
                     yield stmt, [self.insert(inner)]
             elif isinstance(stmt, QueryDef):
-                raise self.script.error(
-                    "a bare SELECT has no sink here: write it with INSERT INTO a table (a "
-                    "'print' table shows the changes), or EXPLAIN it", stmt.position,
-                    UnsupportedFeature)
+                # run by the runner and printed as Flink's SQL client tableau (sql/tableau.py)
+                yield stmt, self.ctx.settled(self.query(stmt.query, stmt.position)).stream
+            elif isinstance(stmt, ShowDef):
+                yield stmt, tableau.show_text(stmt, self.tables, self.views)
+            elif isinstance(stmt, DescribeDef):
+                yield stmt, self.describe(stmt)
             else:  # pragma: no cover - the model has no other statement
                 raise AssertionError(stmt)
+
+    def describe(self, stmt: DescribeDef) -> str:
+        if stmt.name in self.tables:
+            return tableau.describe_text(stmt, self.tables[stmt.name])
+        if stmt.name in self.views:
+            view = self.views[stmt.name]
+            stream = self.ctx.settled(self.query(view.query, view.position)).stream
+            types = {f.name: f.dataType.simpleString().upper() for f in stream.df.schema.fields}
+            return tableau.describe_text(stmt, None, [(c, types.get(c, "?"))
+                                                      for c in stream.schema.columns])
+        raise self.script.error(f"DESCRIBE: unknown table or view {stmt.name!r} (defined: "
+                                f"{', '.join([*self.tables, *self.views]) or 'none'})",
+                                stmt.position)
 
     def _define(self, name: str, stmt) -> None:
         if name in self.tables or name in self.views:

@@ -337,3 +337,15 @@ def test_declared_types_row_parses_time_is_not_supported_yet():
                      "'path' = 'in', 'format' = 'debezium-json');", "t.sql")
     assert (e.value.line, e.value.col) == (2, 3)
     assert e.value.message.startswith("column 't': type TIME is not supported yet")
+
+
+@pytest.mark.parametrize("stmt,message", [
+    ("INSERT INTO p VALUES (1);", "INSERT INTO t needs a SELECT (INSERT ... VALUES is not "
+                                  "supported yet)"),
+    ("CREATE TABLE t WITH ('connector' = 'print') AS SELECT * FROM p;",
+     "CREATE TABLE ... AS SELECT is not supported yet: declare the table with its columns, "
+     "then INSERT INTO it")], ids=["values", "ctas"])
+def test_insert_values_and_ctas_are_not_supported_yet(stmt, message):
+    with pytest.raises(UnsupportedFeature) as e:
+        parse_script("CREATE TABLE p (k BIGINT) WITH ('connector' = 'print');\n" + stmt, "v.sql")
+    assert (e.value.message, e.value.line, e.value.col) == (message, 2, 1)
