@@ -98,6 +98,16 @@ CREATE TEMPORARY TABLE out_t (id BIGINT, level BIGINT, attr STRING, PRIMARY KEY 
 WITH ('connector' = 'delta', 'path' = '{base}/out');
 INSERT INTO out_t SELECT s1.id, s1.level, s2.attr FROM s1 JOIN s2 ON s1.level = s2.id;
 """,
+    "normalize": """
+CREATE TEMPORARY TABLE out_t (id BIGINT, level BIGINT, t BIGINT, PRIMARY KEY (id) NOT ENFORCED)
+WITH ('connector' = 'delta', 'path' = '{base}/out');
+INSERT INTO out_t SELECT id, level, t FROM s1;
+""",
+    "aggregation": """
+CREATE TEMPORARY TABLE out_t (level BIGINT, n BIGINT, total BIGINT, PRIMARY KEY (level) NOT ENFORCED)
+WITH ('connector' = 'delta', 'path' = '{base}/out');
+INSERT INTO out_t SELECT level, COUNT(*) AS n, SUM(t) AS total FROM s1 GROUP BY level;
+""",
 }
 #: the event-time attribute of s1, for the kinds that wait for a watermark
 EVENT_TIME = " rt AS TO_TIMESTAMP_LTZ(t, 3), WATERMARK FOR rt AS rt,"
@@ -110,7 +120,8 @@ def sql_script(kind: str, base: str) -> str:
 
 
 #: the columns of each kind's output table
-OUT_COLS = {"join": ("id", "level", "attr")}
+OUT_COLS = {"join": ("id", "level", "attr"), "normalize": ("id", "level", "t"),
+            "aggregation": ("level", "n", "total")}
 
 
 def api_pipeline(spark, kind: str, base: str):
@@ -122,6 +133,10 @@ def api_pipeline(spark, kind: str, base: str):
     if kind == "join":
         return s1.join(s2, left_on=["level"], right_on=["id"], key_groups=KEY_GROUPS).select(
             id="id", level="level", attr="attr"), {"key": "id"}
+    if kind == "normalize":
+        return s1.normalize(key_groups=KEY_GROUPS), {}
+    if kind == "aggregation":
+        return s1.group_by("level").agg(n="COUNT(*)", total="SUM(t)", key_groups=KEY_GROUPS), {"key": "level"}
     raise ValueError(kind)
 
 
@@ -131,6 +146,14 @@ def expected_table(kind: str, files: int) -> list[tuple]:
     s1, s2 = _final(S1_CHANGES[:files]), _final(S2_CHANGES[:files])
     if kind == "join":
         return sorted((i, lvl, s2[lvl][1]) for i, (_, lvl, _) in s1.items() if lvl in s2)
+    if kind == "normalize":
+        return sorted(s1.values())
+    if kind == "aggregation":
+        groups: dict = {}
+        for _, lvl, t in s1.values():
+            n, total = groups.get(lvl, (0, 0))
+            groups[lvl] = (n + 1, total + t)
+        return sorted((lvl, n, total) for lvl, (n, total) in groups.items())
     raise ValueError(kind)
 
 

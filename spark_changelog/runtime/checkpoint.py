@@ -282,10 +282,12 @@ def check_checkpoint(checkpoint: str, spark=None) -> CheckReport:
                                                   "commits directories)"))
     for q in queries:
         name = os.path.relpath(q, checkpoint)
-        last = _check_logs(q, name, findings)
+        blocking: list = []     # findings that keep Spark from reading the state
+        last = _check_logs(q, name, blocking)
         lasts[name] = last
+        _check_state_files(q, name, last, blocking)
         _check_temporary_files(q, name, findings)
-        _check_state_files(q, name, last, findings)
-        if spark is not None and not any(f.problem and f.query == name for f in findings):
+        findings.extend(blocking)
+        if spark is not None and not any(f.problem for f in blocking):
             _check_keyed_state(spark, q, name, last, findings)
     return CheckReport(checkpoint, [os.path.relpath(q, checkpoint) for q in queries], findings, lasts)

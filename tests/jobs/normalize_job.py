@@ -4,7 +4,9 @@ argv: INPUT_DIR TABLE CHECKPOINT CHANGELOG [HANG_AFTER_BATCH]
 With HANG_AFTER_BATCH=k the job prints ``committed k`` after batch k reached
 the sinks and then hangs inside the batch, before Spark records the batch as
 done: the test kills it there, so the restart must replay batch k.
+``KEY_GROUPS`` (environment, default 4): the normalize's key groups.
 """
+import os
 import sys
 
 from job_progress import progress_printer
@@ -18,7 +20,8 @@ def main() -> None:
     spark = build_session("crash-test-job", configs={"spark.sql.shuffle.partitions": "2"})
     df = (spark.readStream.format("parquet").option("maxFilesPerTrigger", 1)
           .schema("id BIGINT, name STRING, score BIGINT, _kind TINYINT, _seq BIGINT").load(src))
-    stream = ChangelogStream.from_dataframe(df, primary_key=["id"]).normalize(key_groups=4)
+    stream = ChangelogStream.from_dataframe(df, primary_key=["id"]).normalize(
+        key_groups=int(os.environ.get("KEY_GROUPS", "4")))
 
     progress = progress_printer(hang_after)
     report = stream.write_upsert(table, checkpoint=ck, changelog_path=log, progress=progress)

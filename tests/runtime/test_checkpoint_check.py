@@ -91,3 +91,75 @@ def test_not_a_checkpoint(tmp_path):
         f"error: {tmp_path}: no streaming query checkpoint here (no offsets and commits directories)"]
     with pytest.raises(FileNotFoundError, match="does not exist"):
         check_checkpoint(str(tmp_path / "nope"))
+
+
+def test_a_checkpoint_broken_by_a_dropped_replay_is_reported_by_the_query_and_by_check(spark, tmp_path):
+    """The issue's damage, made on purpose: Hadoop's FileSystem checkpoint
+    manager (which local sessions used before) keeps the first attempt's state
+    file when batch 1 is replayed, and the replay computes other runs (its
+    input file was rewritten, as a non-deterministic replay would).  Batch 2
+    touches one key: its run goes on top of the replay's merged run, which the
+    run list then names but no file on disk holds.  The next run (a new
+    process: a worker's cache must not hold the run) stops with one message
+    naming checkpoint, operator, key group and batch; ``check`` names the same
+    run and the dropped write."""
+    import re
+    import subprocess
+    import sys
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from changelog_data import to_frame
+    from kill_restart import ARROW, COLS as KCOLS, FILES, JOBS
+    from spark_changelog.api import ChangelogStream
+
+    src, out = tmp_path / "in", tmp_path / "out"
+    ck = out / "ck"
+    os.makedirs(src)
+
+    def put(i, rows):
+        pq.write_table(pa.Table.from_pandas(to_frame(rows, KCOLS), schema=ARROW, preserve_index=False),
+                       src / f"part-{i:04d}.parquet")
+
+    def run():
+        """tests/jobs/normalize_job.py's pipeline, in this process, one key group."""
+        df = (spark.readStream.format("parquet").option("maxFilesPerTrigger", 1)
+              .schema("id BIGINT, name STRING, score BIGINT, _kind TINYINT, _seq BIGINT").load(str(src)))
+        ChangelogStream.from_dataframe(df, primary_key=["id"]).normalize(key_groups=1).write_upsert(
+            str(out / "table"), checkpoint=str(ck), changelog_path=str(out / "log"))
+
+    manager = "spark.sql.streaming.checkpointFileManagerClass"
+    spark.conf.set(manager, "org.apache.spark.sql.execution.streaming.checkpointing."
+                            "FileSystemBasedCheckpointFileManager")
+    try:
+        put(0, FILES[0])
+        put(1, FILES[1])
+        run()
+        for name in os.listdir(ck / "main" / "commits"):
+            if name.lstrip(".").split(".")[0] == "1":
+                os.remove(ck / "main" / "commits" / name)
+        put(1, [[k, [v[0], v[1] + "x", v[2]], s] for k, v, s in FILES[1]])
+        put(2, FILES[2][2:])
+        run()
+    finally:
+        spark.conf.unset(manager)
+    put(3, FILES[3])
+    env = dict(os.environ, KEY_GROUPS="1",
+               PYTHONPATH=os.pathsep.join([os.path.dirname(JOBS)] + sys.path))
+    job = subprocess.run([sys.executable, os.path.join(JOBS, "normalize_job.py"), str(src), str(out / "table"),
+                          str(ck), str(out / "log")], env=env, capture_output=True, text=True, timeout=900)
+    assert job.returncode != 0, job.stdout
+    m = re.search(r"DamagedCheckpoint: (.*\n.*)", job.stderr)
+    assert m, job.stderr[-3000:]
+    message = m.group(1)
+    assert re.fullmatch(
+        rf"error: checkpoint {ck}/main: the checkpoint is damaged: operator ChangelogNormalize, key "
+        r"group 0, batch 3: state run [0-9a-f]{32} is missing; the query cannot resume from it\n"
+        rf"  what to do: `spark-changelog check {ck}/main` lists what is wrong; start a new "
+        r"--checkpoint DIR \(the query then reads its sources again from the start\)", message), message
+    missing = re.search(r"state run ([0-9a-f]{32})", message).group(1)
+    problems = _problems(ck, spark)
+    assert f"error: main: state of operator 0 (ChangelogNormalize), key group 0, after batch 2: state run " \
+           f"{missing} is listed but missing" in problems, problems
+    assert any("a later write of 2.changelog was never moved into place" in p for p in problems), problems
