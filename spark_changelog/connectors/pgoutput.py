@@ -89,7 +89,7 @@ class ChangeDecoder:
         self.key_idx = [self.names.index(k) for k in key]
         self.after_lsn = after_lsn
         self.relid: Optional[int] = None
-        self.values: list[list] = [[] for _ in self.names]
+        self.rows: list[list] = []          # one list of column values per changelog row
         self.kinds: list[int] = []
         self.seqs: list[int] = []
         self._tx_start = 0          # row index where the open transaction's rows start
@@ -100,8 +100,7 @@ class ChangeDecoder:
 
     # -- rows ------------------------------------------------------------------
     def _add(self, row: list, kind: int, phase: int) -> None:
-        for col, v in zip(self.values, row):
-            col.append(v)
+        self.rows.append(row)
         self.kinds.append(kind)
         self._tx_positions.append((self._tx_changes, phase))
 
@@ -111,17 +110,17 @@ class ChangeDecoder:
         if n != len(self.names):
             raise PgoutputError(f"table {self.table}: a change carries {n} columns, the source "
                                 f"was declared with {len(self.names)}")
-        row = []
+        row = [None] * n
+        unpack = _I32.unpack_from
         for i in range(n):
             tag = buf[pos]
-            pos += 1
             if tag == 0x74:                    # 't': text value
-                (ln,) = _I32.unpack_from(buf, pos)
-                pos += 4
-                row.append(buf[pos:pos + ln].decode("utf-8"))
+                (ln,) = unpack(buf, pos + 1)
+                pos += 5
+                row[i] = buf[pos:pos + ln].decode("utf-8")
                 pos += ln
             elif tag == 0x6E:                  # 'n': null
-                row.append(None)
+                pos += 1
             elif tag == 0x75:                  # 'u': unchanged TOASTed value, not sent
                 if old is None:
                     raise PgoutputError(
@@ -129,7 +128,8 @@ class ChangeDecoder:
                         f"{self.names[i]!r} unchanged, and pgoutput does not send it with the "
                         f"default replica identity; run ALTER TABLE {self.table} REPLICA IDENTITY "
                         "FULL so updates carry the whole old row")
-                row.append(old[i])
+                row[i] = old[i]
+                pos += 1
             else:
                 raise PgoutputError(f"table {self.table}: unknown tuple data tag {tag!r}")
         return row, pos
@@ -227,8 +227,7 @@ class ChangeDecoder:
     def _commit(self, end_lsn: int) -> None:
         if end_lsn <= self.after_lsn:         # applied by an earlier micro-batch
             del self.kinds[self._tx_start:]
-            for col in self.values:
-                del col[self._tx_start:]
+            del self.rows[self._tx_start:]
         else:
             self.seqs.extend(change_seq(end_lsn, p, ph) for p, ph in self._tx_positions)
             self.last_commit_lsn = end_lsn
@@ -245,12 +244,12 @@ class ChangeDecoder:
         the data columns' types, then ``_kind`` and ``_seq``); the decoder
         keeps only the open transaction's rows."""
         n = len(self.seqs)
-        arrays = [text_to_arrow(col[:n], field.type, self.table, field.name)
-                  for col, field in zip(self.values, schema)]
+        columns = list(zip(*self.rows[:n])) if n else [()] * len(self.names)
+        arrays = [text_to_arrow(list(col), field.type, self.table, field.name)
+                  for col, field in zip(columns, schema)]
         arrays.append(pa.array(self.kinds[:n], pa.int8()))
         arrays.append(pa.array(self.seqs, pa.int64()))
-        for col in self.values:
-            del col[:n]
+        del self.rows[:n]
         del self.kinds[:n]
         self.seqs = []
         self._tx_start = len(self.kinds)
