@@ -45,6 +45,15 @@ class Context:
     def unsupported(self, message: str, node: exp.Expr, pos: Position) -> SqlError:
         return self.script.error(message, node_position(node, pos), UnsupportedFeature)
 
+    def check_bounded_mix(self, what: str, streams, at: Position) -> None:
+        """A streaming run cannot combine a bounded input (``VALUES`` rows, a
+        Spark batch frame) with a streaming one: Spark refuses to union them,
+        so say it here, at the statement, instead of failing at run time."""
+        if self.streaming and len({s.df.isStreaming for s in streams}) > 1:
+            raise self.error(f"{what} of VALUES rows with a streaming table is not "
+                             "supported yet in a streaming run (run it with --batch)", at,
+                             UnsupportedFeature)
+
     def keyword_position(self, node: exp.Expr, keyword: str, default: Position) -> Position:
         """The position of ``keyword`` (GROUP, ORDER, ...) just before ``node``."""
         inner = node_position(node, default)

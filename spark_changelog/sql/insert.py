@@ -19,6 +19,7 @@ from .preflight import sink_type_problem
 from .relation import Relation
 from .script import InsertDef, Position, TableDef
 from .settings import Settings
+from .values import values_relation
 
 
 @dataclasses.dataclass
@@ -105,7 +106,8 @@ def postgres_conninfo(c) -> str:
 def plan_insert(ctx: Context, tables: dict, ins: InsertDef,
                 query: Callable[[exp.Expr, Position], Relation]) -> PlannedInsert:
     """``INSERT INTO t query``: the query's columns mapped to ``t``'s by
-    position (or by the column list), cast where the types differ, and the
+    position (or by the column list), cast where the types differ (``VALUES``
+    rows: cast to ``t``'s types when they are read, :mod:`.values`), and the
     upsert sink planned with the ``SET`` options in force (``query(q, pos)``:
     the query's settled relation)."""
     table = tables.get(ins.table)
@@ -130,12 +132,17 @@ def plan_insert(ctx: Context, tables: dict, ins: InsertDef,
     history = history_sink(ctx, table)    # None unless the table holds a history
     physical = tuple(c for c in table.physical_columns
                      if history is None or c.name not in history.columns)
-    rel = query(ins.query, ins.position)
     targets = ins.columns or tuple(c.name for c in physical)
     unknown = [c for c in targets if c not in table.column_names]
     if unknown:
         raise ctx.error(f"INSERT INTO {table.name}: unknown column(s) {unknown}",
                         ins.table_position)
+    if isinstance(ins.query, exp.Values):     # literals typed by the sink's columns, as Flink
+        declared = {c.name: c.spark_type for c in physical}
+        rel = values_relation(ctx, ins.query, ins.position, targets,
+                              [declared[t] for t in targets])
+    else:
+        rel = query(ins.query, ins.position)
     if len(rel.fields) != len(targets):
         raise ctx.error(
             f"INSERT INTO {table.name}: the query has {len(rel.fields)} column(s) "

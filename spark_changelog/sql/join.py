@@ -30,6 +30,7 @@ def join(ctx: Context, left: Relation, j: exp.Join, pos: Position,
                         UnsupportedFeature)
     left = ctx.settled(left)
     right = ctx.settled(read(j.this, pos))
+    ctx.check_bounded_mix("a JOIN", (left.stream, right.stream), jpos)
     clash = {f.qualifier for f in left.fields} & {f.qualifier for f in right.fields}
     if clash:
         raise ctx.error(f"{', '.join(sorted(clash))} appears twice in FROM: give it "

@@ -20,7 +20,7 @@ from sqlglot import exp
 
 from ..runtime.paths import input_problem, output_problem
 from .errors import ScriptPathError, SqlError
-from .script import (ExplainDef, InsertDef, Position, QueryDef, Script, StatementSet, TableDef,
+from .script import (CreateTableAsDef, ExplainDef, InsertDef, Position, QueryDef, Script, StatementSet, TableDef,
                      ViewDef)
 
 
@@ -33,6 +33,8 @@ def referenced_tables(script: Script) -> set:
         if isinstance(stmt, StatementSet):
             for s in stmt.inserts:
                 add(s)
+        elif isinstance(stmt, CreateTableAsDef):
+            add(stmt.insert)
         elif isinstance(stmt, InsertDef):
             names.add(stmt.table)
             names.update(t.name for t in stmt.query.find_all(exp.Table))
@@ -53,6 +55,7 @@ def check_paths(script: Script) -> None:
     used = referenced_tables(script)
     sinks = {getattr(s, "table", None) for s in _inserts(script)}
     for t in script.statements:
+        t = t.table if isinstance(t, CreateTableAsDef) else t
         if not isinstance(t, TableDef) or t.name not in used:
             continue
         c = t.connector
@@ -72,6 +75,8 @@ def _inserts(script: Script):
     for s in script.statements:
         if isinstance(s, InsertDef):
             yield s
+        elif isinstance(s, CreateTableAsDef):
+            yield s.insert
         elif isinstance(s, StatementSet):
             yield from s.inserts
 

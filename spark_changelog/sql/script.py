@@ -52,6 +52,8 @@ FILESYSTEM_FORMATS = {
 }
 CONNECTORS = ("filesystem", "kafka", "postgres-cdc", "delta", "jdbc", "postgres", "print",
               "blackhole")
+#: the connectors (resolved kinds) whose table CREATE TABLE ... AS SELECT may create
+CREATABLE = ("delta", "postgres", "print", "blackhole")
 #: a sink table that holds the SCD type 2 history of what is inserted (sql/history_sink.py)
 HISTORY_OPTIONS = ("spark-changelog.scd-type", "spark-changelog.track-history",
                    "spark-changelog.ignore-null-updates", "spark-changelog.sequence-by")
@@ -265,8 +267,19 @@ class DescribeDef:
     position: Position
 
 
+@dataclasses.dataclass(frozen=True)
+class CreateTableAsDef:
+    """``CREATE TABLE t [(PRIMARY KEY (...) NOT ENFORCED)] WITH (...) AS query``:
+    ``table`` without columns (they are the query's, known once it is
+    planned) and the ``INSERT INTO t query`` that fills it."""
+
+    table: TableDef
+    insert: InsertDef
+    position: Position
+
+
 Statement = Union[TableDef, ViewDef, SetOption, InsertDef, StatementSet, ExplainDef, QueryDef,
-                  ShowDef, DescribeDef]
+                  ShowDef, DescribeDef, CreateTableAsDef]
 
 
 @dataclasses.dataclass
@@ -459,11 +472,10 @@ class _Builder:
         raise self.error(f"unsupported statement {node.key.upper()}", pos, UnsupportedFeature)
 
     # -- CREATE TABLE -------------------------------------------------------------
-    def table(self, node: exp.Create, pos: Position) -> TableDef:
+    def table(self, node: exp.Create, pos: Position) -> Union[TableDef, CreateTableAsDef]:
         schema = node.this
         if node.expression is not None:
-            raise self.error("CREATE TABLE ... AS SELECT is not supported yet: declare the table "
-                             "with its columns, then INSERT INTO it", pos, UnsupportedFeature)
+            return self.table_as(node, pos)
         if not isinstance(schema, exp.Schema):
             raise self.error("CREATE TABLE needs a column list: CREATE TABLE t (id BIGINT, ...)",
                              pos)
@@ -521,6 +533,45 @@ class _Builder:
         connector = self.connector(name, options, with_pos, metadata)
         return TableDef(name, tuple(columns), pk or (), watermark, connector, options, temporary,
                         pos)
+
+    def table_as(self, node: exp.Create, pos: Position) -> CreateTableAsDef:
+        """``CREATE TABLE t WITH (...) AS query`` (Flink's CTAS): the columns
+        and types are the query's; the only table element allowed is the
+        primary key (as in Flink); the connector must be one that creates
+        its table (a sink)."""
+        query, target, pk = node.expression, node.this, ()
+        if not isinstance(query, exp.Query):
+            raise self.error("CREATE TABLE ... AS needs a SELECT", pos)
+        if isinstance(target, exp.Schema):
+            for item in target.expressions:
+                ipos = node_position(item, pos)
+                if not isinstance(item, exp.PrimaryKey):
+                    raise self.error(
+                        "CREATE TABLE ... AS SELECT takes its columns from the query: declaring "
+                        f"them ({item.sql(dialect=Flink)!r}) is not supported yet; only "
+                        "PRIMARY KEY (...) NOT ENFORCED may be given", ipos, UnsupportedFeature)
+                if pk:
+                    raise self.error("a table has one PRIMARY KEY", ipos)
+                self.require_not_enforced(item, ipos)
+                pk = tuple(e.name for e in item.expressions)
+            target = target.this
+        name = target.name
+        props = node.args.get("properties")
+        temporary = bool(props and any(isinstance(p, exp.TemporaryProperty)
+                                       for p in props.expressions))
+        options = self.with_options(props, pos)
+        with_pos = node_position(props, pos) if props is not None else pos
+        connector = self.connector(name, options, with_pos, ())
+        if connector.kind not in CREATABLE:
+            raise self.error(
+                f"CREATE TABLE {name} ... AS SELECT: connector {dict(options)['connector']!r} "
+                "cannot create a table here (it is a source); CREATE TABLE AS writes to "
+                "'delta', 'jdbc'/'postgres', 'print' or 'blackhole'", with_pos,
+                UnsupportedFeature)
+        table = TableDef(name, (), pk, None, connector, options, temporary, pos)
+        qpos = node_position(query, pos)
+        return CreateTableAsDef(table, InsertDef(name, query, None, qpos, None,
+                                                 node_position(target, pos)), pos)
 
     def column(self, node: exp.ColumnDef, pos: Position) -> tuple[ColumnDef, bool]:
         kind = node.args.get("kind")
@@ -743,9 +794,8 @@ class _Builder:
             raise self.error("INSERT OVERWRITE is not supported (changelog sinks are upsert "
                              "tables): use INSERT INTO", pos, UnsupportedFeature)
         query = node.expression
-        if not isinstance(query, exp.Query):
-            raise self.error("INSERT INTO t needs a SELECT (INSERT ... VALUES is not supported yet)",
-                             pos, UnsupportedFeature)
+        if not isinstance(query, (exp.Query, exp.Values)):
+            raise self.error("INSERT INTO t needs a SELECT or VALUES", pos)
         conflict = node.args.get("conflict")
         action = conflict.args["action"].name.lower() if conflict is not None else None
         return InsertDef(target.name, query, action, pos, columns,
@@ -846,5 +896,5 @@ def read_script(path: str) -> Script:
 
 __all__ = ["parse_script", "read_script", "Script", "TableDef", "ColumnDef", "WatermarkDef",
            "Connector", "ViewDef", "SetOption", "InsertDef", "StatementSet", "ExplainDef",
-           "QueryDef", "ShowDef", "DescribeDef", "Position", "spark_type", "interval_ms", "node_position", "SETTINGS",
+           "QueryDef", "ShowDef", "DescribeDef", "CreateTableAsDef", "Position", "spark_type", "interval_ms", "node_position", "SETTINGS",
            "FILESYSTEM_FORMATS", "CONNECTORS", "CONNECTOR_OPTIONS"]

@@ -10,7 +10,9 @@ This module walks the statements and dispatches each query to the module of
 its shape; they share the relation model (:mod:`.relation`) and the
 translation's services (:mod:`.context`), and none imports this one:
 
-* ``CREATE TABLE`` sources: :mod:`.source`; ``INSERT INTO`` sinks: :mod:`.insert`;
+* ``CREATE TABLE`` sources: :mod:`.source`; ``INSERT INTO`` sinks: :mod:`.insert`
+  (``CREATE TABLE ... AS SELECT``: a sink table with the query's columns, then
+  its insert); ``VALUES`` rows: :mod:`.values`;
 * ``SELECT`` lists and ``WHERE``: :mod:`.projection`; ``JOIN``: :mod:`.join`;
 * ``GROUP BY``, ``HAVING``, ``SELECT DISTINCT``: :mod:`.group_by`;
 * ``ROW_NUMBER() OVER`` filtered on the row number (deduplication, Top-N):
@@ -24,6 +26,7 @@ and column.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 from sqlglot import exp
@@ -36,11 +39,13 @@ from .insert import PlannedInsert, plan_insert
 from .join import join
 from .relation import Field, Relation
 from .row_number import RankCall
-from .script import (DescribeDef, ExplainDef, InsertDef, Position, QueryDef, Script, SetOption,
+from .script import (ColumnDef, CreateTableAsDef, DescribeDef, ExplainDef, InsertDef, Position,
+                     QueryDef, Script, SetOption,
                      ShowDef, StatementSet,
                      TableDef, ViewDef, node_position)
 from .settings import Settings
 from .source import read_source
+from .values import values_relation
 from .window_tvf import WindowCall
 
 
@@ -82,6 +87,8 @@ class Translator:
                         raise
                     raise self.script.error(str(e), stmt.position) from None
                 yield stmt, None
+            elif isinstance(stmt, CreateTableAsDef):
+                yield stmt, [self.create_table_as(stmt)]
             elif isinstance(stmt, InsertDef):
                 yield stmt, [self.insert(stmt)]
             elif isinstance(stmt, StatementSet):
@@ -123,6 +130,32 @@ class Translator:
         return plan_insert(self.ctx, self.tables, ins,
                            lambda q, pos: self.ctx.settled(self.query(q, pos)))
 
+    def create_table_as(self, stmt: CreateTableAsDef) -> PlannedInsert:
+        """``CREATE TABLE t WITH (...) AS query`` (Flink's CTAS): ``t`` gets the
+        query's column names and types (and the primary key declared in the
+        statement, as Flink: none is derived from the query), then the query
+        is inserted into it; the sink creates the table where it is missing."""
+        ctx, ins = self.ctx, stmt.insert
+        self._define(stmt.table.name, stmt)
+        rel = ctx.settled(self.query(ins.query, ins.position))
+        types = {f.name: f.dataType for f in rel.stream.df.schema.fields}
+        names = [f.name for f in rel.fields]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ctx.error(f"CREATE TABLE {stmt.table.name} AS SELECT: the query has duplicate "
+                            f"column name(s) {dup}: name them with AS", ins.position)
+        for k in stmt.table.primary_key:
+            if k not in names:
+                raise ctx.error(f"CREATE TABLE {stmt.table.name}: primary key column {k!r} is "
+                                f"not a column of the query ({', '.join(names)})", stmt.position)
+        columns = tuple(ColumnDef(f.name, types[f.column].simpleString().upper(),
+                                  types[f.column].simpleString(),
+                                  nullable=f.name not in stmt.table.primary_key)
+                        for f in rel.fields)
+        table = dataclasses.replace(stmt.table, columns=columns)
+        self.tables[table.name] = table
+        return plan_insert(ctx, self.tables, ins, lambda q, pos: rel)
+
     # -- queries -----------------------------------------------------------------
     def query(self, q: exp.Expr, pos: Position) -> Relation:
         """A query's relation, by its shape (it may be pending)."""
@@ -137,6 +170,8 @@ class Translator:
             raise ctx.error(f"{what} is not supported yet (UNION ALL is)",
                             ctx.keyword_position(q.expression, q.key.upper(), pos),
                             UnsupportedFeature)
+        if isinstance(q, exp.Values):
+            return values_relation(ctx, q, pos)
         if not isinstance(q, exp.Select):
             raise ctx.unsupported(f"{q.key.upper()} is not supported here", q, pos)
         if q.args.get("with_"):
@@ -178,6 +213,8 @@ class Translator:
             return self.with_query(q, pos)
         left = ctx.settled(self.query(q.this, pos))
         right = ctx.settled(self.query(q.expression, pos))
+        ctx.check_bounded_mix("UNION ALL", (left.stream, right.stream),
+                              ctx.keyword_position(q.expression, "UNION", pos))
         if len(left.fields) != len(right.fields):
             raise ctx.error(f"UNION ALL: the left query has {len(left.fields)} columns, the "
                             f"right one {len(right.fields)}",
@@ -236,6 +273,8 @@ class Translator:
     def relation(self, node: exp.Expr, pos: Position) -> Relation:
         """A ``FROM`` item: a subquery, a window table function, a view or a table."""
         ctx = self.ctx
+        if isinstance(node, exp.Values):
+            return values_relation(ctx, node, pos)
         alias = node.alias if isinstance(node, (exp.Table, exp.Subquery)) else ""
         if isinstance(node, exp.Subquery):
             rel = self.query(node.this, node_position(node, pos))

@@ -13,8 +13,8 @@ from sqlglot import exp
 
 from spark_changelog.sql.dialect import Flink, StatementSetBegin
 from spark_changelog.sql.errors import SqlError, UnsupportedFeature
-from spark_changelog.sql.script import (ExplainDef, InsertDef, SetOption, StatementSet,
-                                        ViewDef, parse_script)
+from spark_changelog.sql.script import (CreateTableAsDef, ExplainDef, InsertDef, Position,
+                                        SetOption, StatementSet, ViewDef, parse_script)
 from spark_changelog.sql.translate import Translator
 
 SQL_DIR = pathlib.Path(__file__).parent.parent / "fixtures" / "sql"
@@ -339,13 +339,30 @@ def test_declared_types_row_parses_time_is_not_supported_yet():
     assert e.value.message.startswith("column 't': type TIME is not supported yet")
 
 
-@pytest.mark.parametrize("stmt,message", [
-    ("INSERT INTO p VALUES (1);", "INSERT INTO t needs a SELECT (INSERT ... VALUES is not "
-                                  "supported yet)"),
-    ("CREATE TABLE t WITH ('connector' = 'print') AS SELECT * FROM p;",
-     "CREATE TABLE ... AS SELECT is not supported yet: declare the table with its columns, "
-     "then INSERT INTO it")], ids=["values", "ctas"])
-def test_insert_values_and_ctas_are_not_supported_yet(stmt, message):
+def test_insert_values_and_ctas_parse():
+    s = parse_script("CREATE TABLE p (k BIGINT) WITH ('connector' = 'print');\n"
+                     "INSERT INTO p VALUES (1), (2);\n"
+                     "CREATE TABLE c (PRIMARY KEY (k) NOT ENFORCED)\n"
+                     "  WITH ('connector' = 'jdbc', 'url' = 'postgresql://h/db')\n"
+                     "  AS SELECT k FROM p;", "v.sql")
+    ins, ctas = s.statements[1:]
+    assert isinstance(ins, InsertDef) and isinstance(ins.query, exp.Values)
+    assert isinstance(ctas, CreateTableAsDef)
+    assert (ctas.table.name, ctas.table.columns, ctas.table.primary_key) == ("c", (), ("k",))
+    assert ctas.table.connector.kind == "postgres" and ctas.position == Position(3, 1, 6)
+    assert ctas.insert.table == "c" and ctas.insert.query.sql(dialect=Flink) == "SELECT k FROM p"
+
+
+@pytest.mark.parametrize("stmt,line,col,message", [
+    ("CREATE TABLE t (a INT) WITH ('connector' = 'print') AS SELECT * FROM p;", 2, 17,
+     "CREATE TABLE ... AS SELECT takes its columns from the query: declaring them ('a INT') "
+     "is not supported yet; only PRIMARY KEY (...) NOT ENFORCED may be given"),
+    ("CREATE TABLE t WITH ('connector' = 'filesystem', 'path' = 'o', 'format' = 'json')\n"
+     "  AS SELECT * FROM p;", 2, 22,
+     "CREATE TABLE t ... AS SELECT: connector 'filesystem' cannot create a table here (it is a "
+     "source); CREATE TABLE AS writes to 'delta', 'jdbc'/'postgres', 'print' or 'blackhole'"),
+], ids=["ctas-columns", "ctas-source-connector"])
+def test_malformed_ctas_is_an_error_at_its_line_and_column(stmt, line, col, message):
     with pytest.raises(UnsupportedFeature) as e:
         parse_script("CREATE TABLE p (k BIGINT) WITH ('connector' = 'print');\n" + stmt, "v.sql")
-    assert (e.value.message, e.value.line, e.value.col) == (message, 2, 1)
+    assert (e.value.message, e.value.line, e.value.col) == (message, line, col)
