@@ -203,6 +203,8 @@ class Source(Node):
     def label(self) -> str:
         extra = ", ordered=[declared]" if self.declared_ordered and self.streaming \
             and self.mode.has_updates else ""
+        if extra and getattr(self.reader, "log_ordered", False):
+            extra = ", ordered=[log]"
         return (f"Source(name=[{self.name}], fields=[{', '.join(self.columns)}], "
                 f"primaryKey={fmt_key(self.primary_key)}{extra})")
 
@@ -210,7 +212,8 @@ class Source(Node):
         pk = _key(self.primary_key)
         up = _key(self.upsert_key) if self.upsert_key is not None else pk
         notes = ()
-        if self.streaming and self.mode.has_updates and self.declared_ordered:
+        if self.streaming and self.mode.has_updates and self.declared_ordered and \
+                not getattr(self.reader, "log_ordered", False):
             notes = ("declared ordered: each key's changes are applied in arrival order. If files "
                      "or micro-batches bring a key's changes out of source-sequence order, a join, "
                      "materializer or sink can apply a retraction before its row and keep stale "

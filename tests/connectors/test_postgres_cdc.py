@@ -46,6 +46,7 @@ def test_seed_join_snapshot_then_stream_into_delta_and_postgres(spark, pg_server
     plan = query.explain(key="id", table="t1")
     assert "ChangelogNormalize" in plan          # s1 has the default identity: upsert mode
     assert "upsert materializer: inserted" in plan
+    assert "ordered=[log]" in plan and "declared ordered" not in plan
     pg_query = seed_join(spark, pg_server, db, tmp_path, "seedpg", **limit)
     sink = PostgresUpsertSink(conninfo, "t1", ["id"], T1_ARROW, create=True)
     # the first runs read the snapshot (rows present before the first run)
