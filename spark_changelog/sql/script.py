@@ -193,6 +193,13 @@ class TableDef:
     def column_names(self) -> tuple[str, ...]:
         return tuple(c.name for c in self.columns)
 
+    @property
+    def kafka_partition_column(self) -> Optional[str]:
+        """The column declared ``METADATA FROM 'partition'`` of a Kafka table:
+        each of its values is a source partition with its own watermark and
+        idleness (docs/sql.md, "Kafka and other streams")."""
+        return next((c.name for c in self.columns if c.metadata_key == "partition"), None)
+
     def schema_ddl(self) -> str:
         """The physical columns as a Spark DDL string (``id BIGINT, name STRING``)."""
         return ", ".join(f"`{c.name}` {c.spark_type}" for c in self.physical_columns)

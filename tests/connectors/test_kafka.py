@@ -132,6 +132,7 @@ def test_kafka_table_options_map_to_sparks_kafka_source():
                                                                                  "debezium-json")
     assert t.connector.format_options.ignore_parse_errors
     assert t.connector.format_options.metadata == (("part", "partition"), ("src", "source.table"))
+    assert t.kafka_partition_column == "part"
     assert kafka.spark_kafka_options(dict(t.connector.options)) == {
         "subscribe": "inv", "kafka.bootstrap.servers": "broker:9092", "kafka.group.id": "g1",
         "startingOffsets": "earliest", "failOnDataLoss": "true"}
