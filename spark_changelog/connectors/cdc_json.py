@@ -695,9 +695,14 @@ def coerce_variant(v: Sql, dtype: T.DataType) -> Sql:
                 f"THEN try_to_binary(try_variant_get({v}, '$', 'string'), 'base64') END")
     value = f"try_variant_get({v}, '$', {target})"
     if isinstance(dtype, _INTEGRAL):
-        # 18 decimals: a fraction finer than 1e-18 is the one a check misses
-        return (f"CASE WHEN schema_of_variant({v}) <> 'BOOLEAN' AND "
-                f"try_variant_get({v}, '$', 'decimal(38,18)') = {value} THEN {value} END")
+        # the DOUBLE reading equals the integer unless a fraction was cut (a
+        # DOUBLE is exact up to 2^53; beyond, a fraction is already below its
+        # precision); the (rare) 0 and 1 are checked for a JSON boolean.
+        # No DECIMAL reading here: at 19+ digits Spark allocates a BigDecimal
+        # per value, which doubled the VARIANT path's time
+        double = f"try_variant_get({v}, '$', 'double')"
+        return (f"CASE WHEN ({double} = {value} OR abs({value}) > {1 << 53}) AND "
+                f"({value} NOT IN (0, 1) OR schema_of_variant({v}) <> 'BOOLEAN') THEN {value} END")
     if isinstance(dtype, T.DecimalType):
         return f"CASE WHEN try_variant_get({v}, '$', {lit(exact_decimal(dtype))}) = {value} THEN {value} END"
     return value
