@@ -295,7 +295,8 @@ class ChangelogStream:
                                  rank_column if with_rank else None, state_ttl_ms, key_groups))
 
     # -- event time -----------------------------------------------------------
-    def with_watermark(self, column: str, bound: Duration = 0) -> "ChangelogStream":
+    def with_watermark(self, column: str, bound: Duration = 0, *,
+                       partition: Optional[str] = None) -> "ChangelogStream":
         """Declare ``column`` (a TIMESTAMP) the event-time attribute, with a
         bounded-out-of-orderness watermark: ``max event time seen - bound - 1 ms``
         (docs/semantics.md, section 6; Flink's ``WATERMARK FOR column AS column -
@@ -306,10 +307,19 @@ class ChangelogStream:
         keeps it in the checkpoint.  ``ON CONFLICT DO ERROR/NOTHING`` need it.
         An integer epoch column is turned into a timestamp first, e.g.
         ``s.with_column("rt", "timestamp_millis(t)").with_watermark("rt", 1000)``.
+
+        ``partition``: a column whose values are the source's partitions (a
+        Kafka table's partition): each generates its own watermark, and the
+        windows wait for the minimum over the partitions that are not idle
+        (docs/windows.md, "Watermarks from the source").  Default: the source
+        is one partition.
         """
         t = self.traits
         if column not in t.columns:
             raise ValueError(f"with_watermark: column {column!r} not among {list(t.columns)}")
+        if partition is not None and partition not in t.columns:
+            raise ValueError(f"with_watermark: partition column {partition!r} not among "
+                             f"{list(t.columns)}")
         if t.watermark is not None:
             raise PlanError(f"with_watermark: the stream already has a watermark on "
                             f"{t.watermark.column!r}")
@@ -324,7 +334,7 @@ class ChangelogStream:
                 f"with_watermark: event-time column {column!r} has type {dtype}; it must be a "
                 f"TIMESTAMP. For epoch milliseconds add one first: "
                 f".with_column('{column}_ts', 'timestamp_millis({column})')")
-        return self._derive(WatermarkAssigner(self.node, column, duration_ms(bound)))
+        return self._derive(WatermarkAssigner(self.node, column, duration_ms(bound), partition))
 
     def window(self, window, *, watermark=None, partition: Optional[str] = None,
                idle_timeout: Optional[Duration] = None, allowed_lateness: Duration = 0

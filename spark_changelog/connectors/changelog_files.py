@@ -140,7 +140,8 @@ def _parse_json(ctx: C.ReadContext) -> DataFrame:
         _malformed=malformed,
         _not_object=not_object,
         _record_ok=f"(NOT {malformed} AND NOT {not_object})",
-        _typed=C.typed_struct("_raw", schema),
+        # a Kafka record's METADATA FROM columns (plain JSON has no keys of its own)
+        _typed=C.typed_struct("_raw", schema, metadata=C.metadata_columns(ctx, {})),
         _kind_text=(C.get_as("_v", C.json_path(ctx.kind_column), "string")
                     if ctx.kind_column is not None else PLAIN_ROW_KIND),
         **_json_seq(ctx),

@@ -214,7 +214,7 @@ def _window_aggregate(node: WindowAggregate) -> Lowered:
 def _with_watermark_rows(node: WatermarkAssigner, df):
     """The source's rows and its watermark rows (``runtime.source_watermarks``)."""
     from ..runtime.source_watermarks import generate_watermarks
-    return generate_watermarks(df, node.strategy, node.source_name)
+    return generate_watermarks(df, node.strategy, node.source_name, node.partition)
 
 
 def _deduplicate(node: Deduplicate, inp: Lowered) -> Lowered:

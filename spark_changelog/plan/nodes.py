@@ -234,6 +234,9 @@ class WatermarkAssigner(_Unary):
     input: Node
     column: str
     bound_ms: int = 0
+    #: a column whose values are the source's partitions, each with its own
+    #: watermark (a Kafka table's partition); None: the source is one partition
+    partition: Optional[str] = None
 
     @property
     def strategy(self) -> WatermarkStrategy:
@@ -246,12 +249,14 @@ class WatermarkAssigner(_Unary):
 
     def generates(self) -> str:
         """What the source generates, for the operators that use it."""
-        return f"{self.source_name}: {self.strategy.describe()}"
+        per = f" per partition of {self.partition}" if self.partition else ""
+        return f"{self.source_name}{per}: {self.strategy.describe()}"
 
     def label(self) -> str:
+        parts = f"per partition of {self.partition}" if self.partition else "one partition"
         return (f"WatermarkAssigner(rowtime=[{self.column}], "
                 f"watermark=[{self.column} - {self.bound_ms} ms], "
-                f"generated=[at source {self.source_name}, one partition])")
+                f"generated=[at source {self.source_name}, {parts}])")
 
     def derive_traits(self) -> Traits:
         return dataclasses.replace(self.input.traits, has_watermark=True, notes=(),

@@ -137,8 +137,11 @@ def _with_computed_columns(ctx: Context, t: TableDef, pos: Position, stream) -> 
     if tuple(rel.stream.schema.columns) != order:
         rel = Relation(rel.stream.select(*order), tuple(Field(t.name, n, n) for n in order))
     if t.watermark is not None:
-        rel = Relation(rel.stream.with_watermark(t.watermark.column, t.watermark.bound_ms),
-                       rel.fields)
+        # a Kafka table's partitions each generate their own watermark, as
+        # Flink's Kafka source does (docs/sql.md, "Kafka and other streams")
+        partition = t.kafka_partition_column if t.connector.kind == "kafka" else None
+        rel = Relation(rel.stream.with_watermark(t.watermark.column, t.watermark.bound_ms,
+                                                 partition=partition), rel.fields)
     return rel
 
 
