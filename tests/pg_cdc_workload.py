@@ -35,6 +35,15 @@ def create_tables(conninfo: str, *, s2_identity_full: bool = True, s1_rows: int 
                   (s2_rows, s1_rows))
 
 
+def drop_slots(conninfo: str) -> None:
+    """Drop the replication slots of the test's database: the session's server
+    has room for only a few (max_replication_slots), and a database with slots
+    cannot be dropped."""
+    with psycopg.connect(conninfo, autocommit=True) as c:
+        c.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                  "WHERE database = current_database() AND NOT active")
+
+
 def expected_join(conninfo: str) -> list[tuple]:
     with psycopg.connect(conninfo) as c:
         return [tuple(r) for r in c.execute(JOIN_SQL).fetchall()]

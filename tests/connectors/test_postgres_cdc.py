@@ -9,7 +9,7 @@ import psycopg
 import pyarrow as pa
 import pytest
 
-from pg_cdc_workload import T1_COLS, Workload, create_tables, expected_join
+from pg_cdc_workload import T1_COLS, Workload, create_tables, drop_slots, expected_join
 from spark_changelog.api import read_postgres_cdc
 from spark_changelog.sinks.delta import read_table
 from spark_changelog.sinks.postgres import PostgresUpsertSink
@@ -79,3 +79,4 @@ def test_seed_join_snapshot_then_stream_into_delta_and_postgres(spark, pg_server
             "database = %s", (first.sources["postgres-cdc:public.s1"]["confirmed_lsn"], db)).fetchall())
     assert confirmed == {"seed_s1": True, "seed_s2": True, "seedpg_s1": True, "seedpg_s2": True}
     sink.close()
+    drop_slots(conninfo)

@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from kill_restart import start_job
-from pg_cdc_workload import Workload, create_tables, expected_join
+from pg_cdc_workload import Workload, create_tables, drop_slots, expected_join
 
 pytestmark = pytest.mark.postgres
 
@@ -81,3 +81,4 @@ def test_kill_nine_at_random_points_while_the_workload_runs(pg_server, tmp_path)
     with psycopg.connect(conninfo) as c:
         got = [tuple(r) for r in c.execute("SELECT id, level, attr FROM t1 ORDER BY id").fetchall()]
     assert got == expected_join(conninfo)
+    drop_slots(conninfo)

@@ -11,6 +11,7 @@ import psycopg
 import pyarrow as pa
 import pytest
 
+from pg_cdc_workload import drop_slots
 from pgserver import PgServer
 from spark_changelog.connectors.postgres_cdc import (PostgresCdcError, PostgresCdcStreamReader,
                                                      describe_table, ensure_publication,
@@ -25,7 +26,8 @@ KINDS = {0: "+I", 1: "-U", 2: "+U", 3: "-D"}
 def db(pg_server, request):
     name = "pgcdc_" + request.node.name.lower()[:40]
     conninfo = pg_server.create_database(name)
-    return name, conninfo
+    yield name, conninfo
+    drop_slots(conninfo)
 
 
 def reader(pg, dbname, table, slot, tmp_path, **options):

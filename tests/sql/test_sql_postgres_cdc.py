@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from pg_cdc_workload import Workload, create_tables, expected_join
+from pg_cdc_workload import Workload, create_tables, drop_slots, expected_join
 from spark_changelog.sinks.delta import read_table
 from spark_changelog.sql.errors import SqlError
 from spark_changelog.sql.runner import run_script
@@ -72,3 +72,4 @@ def test_seed_sql_over_postgres_cdc_tables(spark, pg_server, tmp_path):
     got = sorted(tuple(r) for r in read_table(str(tmp_path / "t1"))[["id", "level", "attr"]]
                  .astype(object).values.tolist())
     assert got == expected_join(conninfo)
+    drop_slots(conninfo)
