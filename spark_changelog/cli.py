@@ -273,7 +273,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
-    """Warnings (the planner's, a changed checkpoint's) as one line each."""
+    """Warnings (the planner's, a changed checkpoint's) as one line each;
+    a library's deprecation notices are for developers: they go to the log."""
+    if issubclass(category, (DeprecationWarning, PendingDeprecationWarning, FutureWarning)):
+        import logging
+        logging.getLogger("spark_changelog").warning("%s:%s: %s: %s", filename, lineno,
+                                                     category.__name__, message)
+        return
     print(f"warning: {message}", file=file or sys.stderr)
 
 

@@ -264,7 +264,8 @@ def sort_side_rows(payloads: list[dict]) -> SideRows:
     frame = pd.DataFrame(dead, columns=list(INVALID_COLUMNS) + ["ignored"])
     if len(frame):
         frame = frame.sort_values(["file", "line"], kind="stable").reset_index(drop=True)
-    ignored = frame.pop("ignored").fillna(False).astype(bool).to_numpy()
+    # eq(True): a missing flag is False (fillna on this object column warns in pandas 2.3)
+    ignored = frame.pop("ignored").eq(True).to_numpy()
     return SideRows(metrics, frame, skipped, ignored)
 
 
