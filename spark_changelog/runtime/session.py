@@ -33,7 +33,7 @@ DEFAULT_CONFIGS = {
     "spark.python.worker.reuse": "true",
     # The JIT leaves methods over 8000 bytecode bytes interpreted; Spark's
     # whole-stage code for the readers' validation is larger, and interpreted
-    # it cost ~40% more CPU per row (docs/runtime.md, "Where the time goes")
+    # it cost ~25% more CPU (docs/runtime.md, "Fixed costs of every process")
     "spark.driver.extraJavaOptions": "-XX:-DontCompileHugeMethods",
     "spark.executor.extraJavaOptions": "-XX:-DontCompileHugeMethods",
 }
