@@ -11,7 +11,7 @@ from __future__ import annotations
 import warnings as _warnings
 from typing import Optional
 
-from ..runtime.spark_keyed import arrow_schema_of
+from ..runtime.keyed_rows import arrow_schema_of
 from .explain import explain_plan
 from .fingerprint import check_checkpoint, is_streaming
 from .lower import lower
@@ -33,7 +33,7 @@ def run_sink(sink: Sink, table, *, checkpoint: Optional[str] = None,
     Plan warnings are issued as :class:`PlanWarning` and listed first in the
     report's ``warnings``."""
     from ..runtime.pipeline import run_to_sink
-    from ..runtime.spark_keyed import operator_instance
+    from ..runtime.keyed_rows import operator_instance
     warns = plan_warnings(sink)
     if checkpoint is not None and is_streaming(sink):
         changed = check_checkpoint(checkpoint, sink)

@@ -27,7 +27,8 @@ from typing import Optional
 from ..model import KIND_COL, METRICS_COL, METRICS_KIND, SEQ_COL, ChangelogMode
 from ..model.rowkind import RowKind
 from ..operators.keys import GLOBAL_KEY
-from ..runtime.spark_keyed import DEFAULT_KEY_GROUPS, apply_keyed, operator_schema_of
+from ..runtime.keyed_rows import operator_schema_of
+from ..runtime.spark_keyed import DEFAULT_KEY_GROUPS, apply_keyed
 from . import expressions
 from .nodes import (WINDOW_END, WINDOW_START, Aggregate, ApplyAs, Deduplicate, Filter, History,
                     Join, Materialize, Node, Normalize, Project, Sink, Source, TopN, UnionAll,

@@ -9,7 +9,7 @@ import dataclasses
 
 from ..model import KIND_COL, METRICS_COL, METRICS_KIND, SEQ_COL
 from ..model.rowkind import RowKind
-from ..runtime.spark_keyed import arrow_schema_of
+from ..runtime.keyed_rows import arrow_schema_of
 from .nodes import ApplyAs, History
 from .rules import PlanError
 

@@ -99,7 +99,7 @@ class LocalEventTimeRunner:
         projected = rows
         if self.projection is not None:
             projected = self.projection(rows)
-        from ..runtime.spark_keyed import utc_timestamps
+        from .keyed_rows import utc_timestamps
         pdf = utc_timestamps(projected.to_pandas(maps_as_pydicts="strict"), None)
         out, self.watermarks, ctx = run_event_time_batch(
             self.operator, self.stack, pdf, self.watermarks, progress, self.spec, now,

@@ -24,7 +24,7 @@ from ..model.partition_watermarks import summarize
 from ..model.source_watermarks import watermark_payloads
 from ..model.watermark import WatermarkGenerator
 from ..model.windows import event_ms_of
-from .spark_keyed import arrow_schema_of, spark_schema
+from .keyed_rows import arrow_schema_of, spark_schema
 
 
 def _generate(generator: WatermarkGenerator, source: str, partition: Optional[str],

@@ -35,7 +35,7 @@ import pandas as pd
 import pyarrow as pa
 from pyspark.sql.types import StringType, StructField, StructType
 
-from ..model import KIND_COL, METRICS_COL
+from ..model import KIND_COL, METRICS_COL, METRICS_KIND
 from ..model.partitioning import spread_group_ids
 from ..model.source_watermarks import is_watermark_payload, watermark_progress
 from ..model.partition_watermarks import (FILE_PARTITIONS, EventTimeSpec,
@@ -46,10 +46,10 @@ from ..operators.base import KeyedOperator
 from .arrow_packing import PACKED_COL, conform, pack, packed_batch, packed_schema, unpack
 from .event_time import batch_progress, run_event_time_batch
 from .state_runs import RunStack, run_schema
-from .spark_keyed import (BLOB_SCHEMA, KEY_GROUP_COL, META_SCHEMA, METRICS_GROUP, METRICS_KIND,
-                          RUN_ID_SCHEMA, KeyGroupProcessor, _arrow_input, _arrow_output,
-                          _with_metrics, operator_schema_of, output_schema_with_metrics,
-                          spark_schema, split_upstream_metrics)
+from .keyed_rows import (KEY_GROUP_COL, METRICS_GROUP, arrow_input, arrow_output, operator_schema_of,
+                         output_schema_with_metrics, spark_schema, split_upstream_metrics,
+                         with_metrics)
+from .spark_keyed import BLOB_SCHEMA, META_SCHEMA, RUN_ID_SCHEMA, KeyGroupProcessor
 
 #: ``_kind`` of a watermark summary row (never leaves the operator)
 PROGRESS_KIND = -2
@@ -229,7 +229,7 @@ class EventTimeKeyGroupProcessor(KeyGroupProcessor):
                                    "idle_partitions": wms.idle_partitions(),
                                    "batch_max_event_ms": batch_max, "newest_event_ms": newest,
                                    "late_rows": int(ctx.metrics.counters.get("late_rows", 0))}
-        yield from _with_metrics(out, op, ctx, extra)
+        yield from with_metrics(out, op, ctx, extra)
 
 
 def project_windows(df, column: str, assigner: WindowAssigner):
@@ -320,18 +320,18 @@ def apply_event_time(df, operator: KeyedOperator, spec: EventTimeSpec, *,
 
     def run_group(table: pa.Table) -> pa.Table:
         rows = unpack(table.column(PACKED_COL).to_pylist())
-        pdf, passed = split_upstream_metrics(_arrow_input(rows, columns, time_zone), operator)
+        pdf, passed = split_upstream_metrics(arrow_input(rows, columns, time_zone), operator)
         kinds = pdf[KIND_COL].to_numpy(dtype=np.int64) if len(pdf) else np.zeros(0)
         data = pdf[kinds != PROGRESS_KIND].drop(columns=list(_HELPERS)).reset_index(drop=True)
         if data.empty:   # only summary rows (every key group gets them) or side rows
-            return (_arrow_output(None, passed, operator, None) if passed is not None
+            return (arrow_output(None, passed, operator, None) if passed is not None
                     else output_schema_with_metrics(operator).empty_table())
         # a bounded input: every row arrives before any watermark, then the end
         # of input fires every window (Flink's batch mode): nothing is late
         out, _, ctx = run_event_time_batch(operator, RunStack(operator.key), data,
                                            PartitionWatermarks.empty(), None, spec, 0, 0,
                                            end_of_input=True)
-        return _arrow_output(out, passed, operator, ctx,
+        return arrow_output(out, passed, operator, ctx,
                              {"state_rows": 0, "watermark_ms": ctx.watermark_ms})
 
     return grouped.applyInArrow(run_group, schema=out_schema)

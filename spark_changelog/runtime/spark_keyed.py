@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import json
 import time
-import zlib
 from typing import Callable, Iterator, Optional
 
 import numpy as np
@@ -56,14 +55,16 @@ from pyspark.sql.types import BinaryType, LongType, StringType, StructField, Str
 
 from ..model import KIND_COL, METRICS_COL, METRICS_KIND, PACKED_GROUP_COL, PACKED_ROWS_COL, SEQ_COL, RowKind
 from ..model.watermark import END_OF_INPUT_MS
-from ..operators.base import KeyedOperator, Metrics, OpContext
+from ..operators.base import KeyedOperator, OpContext
 from .arrow_packing import PACKED_COL, conform, pack_groups, packed_batch, packed_schema, unpack
 from .spark_hash import key_groups as key_groups_of, supports as spark_hash_supports
 from .keygroup import fire_watermark, next_timer_ms, pending_rows, process_key_group
 from .checkpoint import damaged_state
+from .keyed_rows import (KEY_GROUP_COL, METRICS_GROUP, arrow_input, arrow_output, arrow_schema_of,
+                         operator_instance, output_schema_with_metrics, spark_schema,
+                         split_upstream_metrics, with_metrics)
+from .spark_seen_keys import apply_seen_keys
 from .state_runs import WORKER_CACHE, Run, RunStack, concat_rows, name_new_runs, run_schema
-
-KEY_GROUP_COL = "_kg"
 
 #: The state variables' schemas as types: given a DDL string, PySpark asks the
 #: JVM to parse it, once when the variable is declared and once more for its
@@ -77,144 +78,12 @@ TIMER_SCHEMA = StructType([StructField("at", LongType())])
 DEFAULT_KEY_GROUPS = 32
 
 
-def arrow_schema_of(df) -> pa.Schema:
-    """The Arrow schema operators see.  TIMESTAMP columns are UTC instants
-    (``timestamp[us, tz=UTC]``): the runtime hands operators tz-aware UTC
-    values whatever the session time zone, so state and event times never
-    depend on it (:func:`utc_timestamps`)."""
-    from pyspark.sql.pandas.types import to_arrow_schema
-    return to_arrow_schema(df.schema, timezone="UTC")
-
-
-def operator_schema_of(df) -> pa.Schema:
-    """:func:`arrow_schema_of` with every field nullable: what an operator is
-    built with.  Operators emit side rows (every data column null) among
-    their rows, and an outer join or an aggregate may emit nulls, so a
-    ``NOT NULL`` input column (a DataFrame's) must not make their Arrow
-    output ``NOT NULL`` (pyarrow refuses the side row)."""
-    return pa.schema([f.with_nullable(True) for f in arrow_schema_of(df)])
-
-
-def output_schema_with_metrics(operator: KeyedOperator) -> pa.Schema:
-    return operator.output_schema.append(pa.field(METRICS_COL, pa.string()))
-
-
-def spark_schema(schema: pa.Schema):
-    from pyspark.sql.pandas.types import from_arrow_schema
-    return from_arrow_schema(schema)
-
-
-def operator_instance(operator: KeyedOperator) -> int:
-    """Tells apart two operators of one kind in a plan (the normalizes of both
-    join sides) in the same way in every worker process: a checksum of what
-    the operator reads (Python's ``hash`` of a string differs per process)."""
-    return zlib.crc32(",".join([operator.name, *operator.key, *operator.input_schema.names]).encode())
-
-
-def _metrics_row(operator: KeyedOperator, metrics: Metrics, extra: Optional[dict] = None) -> pd.DataFrame:
-    payload = {"operator": operator.name, "instance": operator_instance(operator),
-               "counters": dict(metrics.counters), "warnings": metrics.warnings[:20]}
-    if metrics.side_rows:
-        # side outputs (late rows of windows) travel on the side-row channel too
-        payload["side"] = metrics.side_rows
-    if extra:
-        payload.update(extra)
-    row = {f.name: [None] for f in operator.output_schema}
-    row[KIND_COL] = [METRICS_KIND]
-    row[METRICS_COL] = [json.dumps(payload)]
-    return pd.DataFrame(row)
-
-
-def _with_metrics(out: pd.DataFrame, operator: KeyedOperator, ctx: OpContext,
-                  extra=None) -> Iterator[pd.DataFrame]:
-    """The output frame (with an empty metrics column), then the metrics row:
-    two frames rather than one ``pd.concat``, which re-checked every column
-    for all-NA blocks (a fifth of a batch's Python time, py-spy)."""
-    if not out.empty:
-        out[METRICS_COL] = None
-        yield out
-    yield _metrics_row(operator, ctx.metrics, extra)
-
-
-def _arrow_output(out: pd.DataFrame, passed: Optional[pd.DataFrame], operator: KeyedOperator,
-                  ctx: OpContext, extra=None) -> pa.Table:
-    """One key group's batch output as Arrow: data rows, pass-through side
-    rows, the metrics row (``pa.concat_tables``: no copy of the data)."""
-    schema = output_schema_with_metrics(operator)
-    parts = []
-    if passed is not None:
-        parts.append(pa.Table.from_pandas(passed, schema=schema, preserve_index=False))
-    if out is not None and not out.empty:
-        data = pa.Table.from_pandas(out, schema=operator.output_schema, preserve_index=False)
-        parts.append(data.append_column(METRICS_COL, pa.nulls(len(data), pa.string())))
-    if ctx is not None:
-        parts.append(pa.Table.from_pandas(_metrics_row(operator, ctx.metrics, extra), schema=schema,
-                                          preserve_index=False))
-    return pa.concat_tables(parts)
-
-
-def _arrow_input(table: pa.Table, columns, time_zone: Optional[str]) -> pd.DataFrame:
-    """A key group's rows (Arrow, as Spark sends them to ``applyInArrow``) as
-    the operator's pandas frame, TIMESTAMP columns tz-aware UTC as in
-    :func:`utc_timestamps` (a zoned value keeps its instant; a naive one is
-    read in the session time zone)."""
-    import pyarrow.compute as pc
-    table = table.rename_columns(list(columns))
-    for i, f in enumerate(table.schema):
-        if pa.types.is_timestamp(f.type) and f.type.tz != "UTC":
-            col = table.column(i)
-            if f.type.tz is None:
-                col = pc.assume_timezone(col, time_zone or "UTC", ambiguous="latest", nonexistent="latest")
-            table = table.set_column(i, f.name, col.cast(pa.timestamp(f.type.unit, tz="UTC")))
-    if KEY_GROUP_COL in table.column_names:
-        table = table.drop_columns([KEY_GROUP_COL])
-    return table.to_pandas(maps_as_pydicts="strict")
-
-
-#: the key group of an upstream operator's metric rows: passed through, no state
-METRICS_GROUP = -1
-
-
 def add_key_group(df, key, key_groups: int):
     from pyspark.sql import functions as F
     group = F.pmod(F.hash(*[F.col(k) for k in key]), F.lit(key_groups))
     if METRICS_COL in df.columns:
         group = F.when(F.col(KIND_COL) == F.lit(METRICS_KIND), F.lit(METRICS_GROUP)).otherwise(group)
     return df.withColumn(KEY_GROUP_COL, group)
-
-
-def split_upstream_metrics(pdf: pd.DataFrame, operator: KeyedOperator
-                           ) -> tuple[pd.DataFrame, Optional[pd.DataFrame]]:
-    """An upstream operator's metric rows travel through this operator (in key
-    group :data:`METRICS_GROUP`), re-shaped to its output schema, so a
-    pipeline's report has every operator's counters.  Returns (data rows
-    without the metrics column, pass-through rows or None)."""
-    if METRICS_COL not in pdf.columns:
-        return pdf, None
-    is_metric = pdf[KIND_COL].to_numpy(dtype=np.int64) == METRICS_KIND
-    passed = None
-    if is_metric.any():
-        payloads = pdf.loc[is_metric, METRICS_COL].tolist()
-        row = {f.name: [None] * len(payloads) for f in operator.output_schema}
-        row[KIND_COL] = [METRICS_KIND] * len(payloads)
-        row[METRICS_COL] = payloads
-        passed = pd.DataFrame(row)
-    data = pdf[~is_metric].drop(columns=[METRICS_COL]).reset_index(drop=True)
-    return data, passed
-
-
-def utc_timestamps(pdf: pd.DataFrame, time_zone: Optional[str]) -> pd.DataFrame:
-    """Spark gives TIMESTAMP columns to pandas as naive wall-clock times of the
-    session time zone; operators get them as tz-aware UTC instants (the type
-    of :func:`arrow_schema_of`), so event times and stored state do not depend
-    on the session's zone.  Spark converts tz-aware output back itself."""
-    for c in pdf.columns:
-        col = pdf[c]
-        if pd.api.types.is_datetime64_dtype(col.dtype):   # naive only
-            local = col.dt.tz_localize(time_zone or "UTC", ambiguous=np.zeros(len(col), dtype=bool),
-                                       nonexistent="shift_forward")
-            pdf[c] = local.dt.tz_convert("UTC")
-    return pdf
 
 
 class KeyGroupProcessor(StatefulProcessor):
@@ -333,7 +202,7 @@ class KeyGroupProcessor(StatefulProcessor):
         the operator's pandas frame."""
         # the packed column is the last (Spark renames columns starting with "_")
         blobs = [b for frame in rows for b in frame.iloc[:, -1]]
-        return _arrow_input(unpack(blobs), self.columns, self.time_zone)
+        return arrow_input(unpack(blobs), self.columns, self.time_zone)
 
     def handleInputRows(self, key, rows, timerValues) -> Iterator[pd.DataFrame]:
         op = self.operator
@@ -351,7 +220,7 @@ class KeyGroupProcessor(StatefulProcessor):
             # process_key_group folded every due key of the group: the timer goes
             # to the group's next pending time (a timer already due is dropped)
             self._set_timer(next_timer_ms(op, pending_rows(op, stack), ctx.watermark_ms))
-        yield from _with_metrics(out, op, ctx, {
+        yield from with_metrics(out, op, ctx, {
             "state_rows": stack.size, "key_group": int(key[0]), "runs": len(stack.runs),
             "rows_written": written,
             "cache_misses": misses, "seconds": time.perf_counter() - t0,
@@ -368,7 +237,7 @@ class KeyGroupProcessor(StatefulProcessor):
         written = self._save(stack, run_ids, ctx.next_seq, key)
         self._set_timer(next_timer_ms(op, pending_rows(op, stack), ctx.watermark_ms))
         ctx.metrics.add("watermark_timers", 1)
-        yield from _with_metrics(out, op, ctx, {
+        yield from with_metrics(out, op, ctx, {
             "state_rows": stack.size, "key_group": int(key[0]), "runs": len(stack.runs),
             "rows_written": written,
             "cache_misses": misses, "seconds": time.perf_counter() - t0,
@@ -388,7 +257,6 @@ def apply_keyed(df, operator: KeyedOperator, *, key_groups: int = DEFAULT_KEY_GR
     ``packed_source``: see :func:`pack_key_groups`.
     """
     if df.isStreaming and operator.state_is_seen_keys:
-        from .spark_seen_keys import apply_seen_keys
         return apply_seen_keys(df, operator)
     time_zone = df.sparkSession.conf.get("spark.sql.session.timeZone")
     out_schema = spark_schema(output_schema_with_metrics(operator))
@@ -407,20 +275,20 @@ def apply_keyed(df, operator: KeyedOperator, *, key_groups: int = DEFAULT_KEY_GR
 
     def run_group(table: pa.Table) -> pa.Table:
         rows = unpack(table.column(PACKED_COL).to_pylist())
-        pdf, passed = split_upstream_metrics(_arrow_input(rows, columns, time_zone), operator)
+        pdf, passed = split_upstream_metrics(arrow_input(rows, columns, time_zone), operator)
         if pdf.empty:
-            return _arrow_output(None, passed, operator, None)
+            return arrow_output(None, passed, operator, None)
         ctx = OpContext(processing_time_ms=now)
         if not operator.uses_watermark:
             out = process_key_group(operator, None, pdf, ctx)
-            return _arrow_output(out, passed, operator, ctx, {"state_rows": 0})
+            return arrow_output(out, passed, operator, ctx, {"state_rows": 0})
         # a bounded input: every row arrives (before any watermark), then the
         # end-of-input watermark releases everything that waits (Flink's batch mode)
         stack = RunStack(operator.key)
         out = process_key_group(operator, stack, pdf, ctx)
         ctx.watermark_ms = END_OF_INPUT_MS
         out = concat_rows([out, fire_watermark(operator, stack, ctx)])
-        return _arrow_output(out, passed, operator, ctx, {"state_rows": 0, "watermark_ms": END_OF_INPUT_MS})
+        return arrow_output(out, passed, operator, ctx, {"state_rows": 0, "watermark_ms": END_OF_INPUT_MS})
 
     return packed.groupBy(KEY_GROUP_COL).applyInArrow(run_group, schema=out_schema)
 

@@ -15,8 +15,8 @@ import pyarrow as pa
 from ..model import KIND_COL, METRICS_COL, METRICS_KIND, SEQ_COL
 from ..operators.base import KeyedOperator, OpContext
 from .keygroup import sort_rows
-from .spark_keyed import (_arrow_input, _arrow_output, output_schema_with_metrics, spark_schema,
-                          split_upstream_metrics)
+from .keyed_rows import (arrow_input, arrow_output, output_schema_with_metrics, spark_schema,
+                         split_upstream_metrics)
 
 
 #: apply_seen_keys: a unique id per side row (null for data rows), so Spark's
@@ -102,7 +102,7 @@ def apply_seen_keys(df, operator: KeyedOperator):
         parts = []
         data_pos = np.flatnonzero(~is_side)
         if len(data_pos):
-            rows = _arrow_input(table.select(narrow).take(data_pos), narrow, time_zone)
+            rows = arrow_input(table.select(narrow).take(data_pos), narrow, time_zone)
             rows[_POS] = data_pos
             rows = sort_rows(rows, key)
             keep = np.sort(rows[_POS].to_numpy()[operator.first_in_batch(rows, ctx)])
@@ -115,8 +115,8 @@ def apply_seen_keys(df, operator: KeyedOperator):
         passed = None
         if is_side.any():
             _, passed = split_upstream_metrics(
-                _arrow_input(table.filter(pa.array(is_side)), columns, time_zone), operator)
-        side = _arrow_output(None, passed, operator, ctx, {"state_rows": 0})
+                arrow_input(table.filter(pa.array(is_side)), columns, time_zone), operator)
+        side = arrow_output(None, passed, operator, ctx, {"state_rows": 0})
         # a unique id on the few side rows only, the same when a micro-batch
         # is replayed (docs/runtime.md, "Replay is deterministic")
         scope = _task_scope()

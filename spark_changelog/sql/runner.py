@@ -20,7 +20,7 @@ from typing import Callable, Optional, TextIO
 
 from ..model.errors import Interrupted, UsageError, located
 from .script import ExplainDef, QueryDef, Script
-from ..runtime.spark_keyed import operator_schema_of
+from ..runtime.keyed_rows import operator_schema_of
 from .tableau import changelog_text
 from .insert import PlannedInsert
 from .translate import Translator

@@ -104,7 +104,7 @@ def test_batch_end_of_input_fires_every_window_nothing_late():
     whole = pa.concat_tables([batch(i, u, t) for i, (_, (u, t)) in enumerate(rows)])
     # no tick: the rows are judged with no watermark at all, like Flink's batch mode
     from spark_changelog.runtime.event_time import run_event_time_batch
-    from spark_changelog.runtime.spark_keyed import utc_timestamps
+    from spark_changelog.runtime.keyed_rows import utc_timestamps
     projected = assign_windows(whole, "rt", Tumble(60_000))
     out, _, ctx = run_event_time_batch(run.operator, run.stack, utc_timestamps(projected.to_pandas(), None),
                                        run.watermarks, None, run.spec, 0, 0, end_of_input=True)

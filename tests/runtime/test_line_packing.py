@@ -19,7 +19,8 @@ from spark_changelog.api import read_debezium
 from spark_changelog.connectors.cdc_json import ReadResult, read_changes
 from spark_changelog.model import KIND_COL, PACKED_KIND, PACKED_ROWS_COL
 from spark_changelog.operators.normalize import ChangelogNormalize
-from spark_changelog.runtime.spark_keyed import LinePacker, arrow_schema_of
+from spark_changelog.runtime.keyed_rows import arrow_schema_of
+from spark_changelog.runtime.spark_keyed import LinePacker
 from tests.changelog_data import set_arrival
 
 SCHEMA = "id BIGINT, v DOUBLE, s STRING"
