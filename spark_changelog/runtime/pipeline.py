@@ -41,8 +41,8 @@ import pyarrow.compute as pc
 
 from ..model import KIND_COL, SEQ_COL, as_key
 from ..model.errors import PathError, UserError
-from ..model.source_watermarks import is_watermark_payload
-from .spark_keyed import METRICS_COL, METRICS_KIND
+from .sink_writers import split_side_rows
+from .spark_keyed import METRICS_COL
 
 
 @dataclasses.dataclass
@@ -91,6 +91,8 @@ class RunReport:
     #: source rows directly: their input is the sources' changelog rows
     entry_instances: tuple = ()
     _entry_rows: int = dataclasses.field(default=0, repr=False)
+    #: batch ids whose record was folded in (:meth:`apply_batch`)
+    _applied: set = dataclasses.field(default_factory=set, repr=False)
 
     @property
     def rows_in(self) -> Optional[int]:
@@ -103,6 +105,34 @@ class RunReport:
         if "rows_in" in self.counters:
             return int(self.counters["rows_in"])
         return None
+
+    def apply_batch(self, record: dict) -> bool:
+        """Fold in one micro-batch's record (:meth:`BatchHandler.handle`);
+        False when that batch was folded in already."""
+        if record["batch_id"] in self._applied:
+            return False
+        self._applied.add(record["batch_id"])
+        self.add_metrics(record["metrics"])
+        if record.get("event_time"):
+            self.event_time = record["event_time"]
+        self.late_rows += record.get("late_rows", 0)
+        if record.get("late_warning"):
+            self.warnings.append(record["late_warning"])
+        self.invalid += record.get("invalid", 0)
+        if record.get("null_sink_key"):
+            self.counters["null_sink_key"] = self.counters.get("null_sink_key", 0) + record["null_sink_key"]
+        self.tombstones_skipped += record.get("tombstones_skipped", 0)
+        self.ignored_skipped += record.get("ignored_skipped", 0)
+        self.batches += 1
+        if record.get("skipped_replay"):
+            self.replayed_batches += 1
+        else:
+            self.changes_out += record.get("changes_out", 0)
+            self.upserted += record.get("upserted", 0)
+            self.deleted += record.get("deleted", 0)
+            if record.get("write"):
+                self.sink_writes[record["write"]] = self.sink_writes.get(record["write"], 0) + 1
+        return True
 
     def add_metrics(self, metrics: list[dict]) -> None:
         """Sum one micro-batch's metrics rows.  State size: each key group
@@ -217,21 +247,6 @@ def _iso_ms(ms: int) -> str:
         timespec="milliseconds")
 
 
-def split_side_rows(table: pa.Table) -> tuple[pa.Table, list[dict]]:
-    """Operator output (Arrow) -> (data rows, still Arrow, and the side-row
-    payloads); only the few side rows are decoded."""
-    if METRICS_COL not in table.column_names:
-        return table, []
-    is_metric = pc.fill_null(pc.equal(table[KIND_COL], METRICS_KIND), False)
-    if not pc.any(is_metric).as_py():
-        return table.drop_columns([METRICS_COL]), []
-    # watermark rows no event-time operator consumed (a stream with a
-    # watermark and no window) carry nothing for the report
-    metrics = [p for p in (json.loads(s) for s in table.filter(is_metric)[METRICS_COL].to_pylist())
-               if not is_watermark_payload(p)]
-    return table.filter(pc.invert(is_metric)).drop_columns([METRICS_COL]), metrics
-
-
 def split_metrics(table: pa.Table) -> tuple[pd.DataFrame, list[dict]]:
     """Operator output (Arrow) -> (data rows as pandas, side-row payloads)."""
     data, metrics = split_side_rows(table)
@@ -339,6 +354,11 @@ def run_to_sink(df, table, *, key, schema: pa.Schema, checkpoint: Optional[str] 
     stops (Spark's available-now trigger); an interval (``"1 second"``, ``"0
     seconds"``: back to back) keeps the query running with that processing-time
     trigger until ``until(report)`` is true (checked every 0.2 s) or it fails.
+
+    The report travels as one small record per micro-batch (docs/runtime.md,
+    "The run report"): the batch handler (:class:`BatchHandler`, which may run
+    in another process: a Spark Connect server) builds it and, streaming,
+    writes it to ``<checkpoint>/reports``; the report folds it in.
     """
     from ..sinks.changelog import ChangelogSink
     from ..sinks.delta import DeltaUpsertSink
@@ -361,15 +381,238 @@ def run_to_sink(df, table, *, key, schema: pa.Schema, checkpoint: Optional[str] 
                        sink_kind={"PrintSink": "print", "BlackholeSink": "blackhole"}.get(
                            type(sink).__name__, "table"))
     t0 = time.perf_counter()
+    run_id = uuid.uuid4().hex
+    handler = BatchHandler(
+        sink=sink, changelog=log, key=key, strict=strict, dead_letter=dead_letter,
+        late_output=late_output, streaming=streaming, run_id=run_id,
+        table_name=os.fspath(table) if isinstance(table, (str, os.PathLike)) else type(table).__name__,
+        checkpoint=checkpoint)
 
-    table_name = os.fspath(table) if isinstance(table, (str, os.PathLike)) else type(table).__name__
+    def after_batch() -> None:
+        for name, position in (source_positions or {}).items():
+            report.sources[name] = position()
+        if progress:
+            progress(report)
 
-    def handle(batch: pa.Table, batch_id: int, query_id: str) -> None:
+    if not streaming:
+        with operator_errors():
+            report.apply_batch(handler.run(df, 0, f"batch-{run_id}"))
+        after_batch()
+        report.seconds = time.perf_counter() - t0
+        return report
+
+    if not checkpoint:
+        raise ValueError("a streaming run needs a checkpoint directory (checkpoint=...)")
+    remote = runs_remote(df)
+    failure: list = []
+
+    def main_batch(bdf, batch_id):
+        # classic PySpark: this runs in this process (Py4J callback), so the
+        # report and the callbacks are updated inside the batch, before Spark
+        # records it as done
+        try:
+            report.apply_batch(handler(bdf, batch_id))
+        except Exception as err:    # re-raised as itself below, not as Spark's wrapper
+            failure.append(err)
+            raise
+        after_batch()
+
+    # Spark Connect: the function is pickled to the server, so it carries only
+    # the handler (config and sinks); the records come back through the checkpoint
+    writer = df.writeStream.foreachBatch(handler if remote else main_batch) \
+        .option("checkpointLocation", handler.main_checkpoint)
+    query = (writer.trigger(availableNow=True) if trigger is None
+             else writer.trigger(processingTime=trigger)).start()
+
+    def fold_in_records() -> None:
+        if remote:
+            for record in read_batch_records(handler.reports_dir, run_id):
+                if report.apply_batch(record):
+                    after_batch()
+
+    try:
+        with operator_errors(), _stop_on_ctrl_c(handler.request_stop):
+            try:
+                while not query.awaitTermination(0.2):
+                    fold_in_records()
+                    if until is not None and until(report):
+                        break
+            except Exception as err:
+                fold_in_records()
+                failure = failure or handler.failure()
+                if failure and isinstance(failure[0], _StopRequested):
+                    report.interrupted = True
+                else:
+                    from .checkpoint import reraise_damaged
+                    reraise_damaged(failure[0] if failure else err, handler.main_checkpoint)
+                    if failure:
+                        raise failure[0] from err
+                    raise
+            fold_in_records()
+    finally:
+        if query.isActive:
+            query.stop()
+        handler.clear_stop()
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def runs_remote(df) -> bool:
+    """``df`` belongs to a Spark Connect session: foreachBatch functions run
+    in the server's Python process, not in this one."""
+    return type(df).__module__.startswith("pyspark.sql.connect")
+
+
+#: directory of the per-batch report records, inside a streaming checkpoint
+REPORTS_DIR = "reports"
+
+
+def write_batch_record(directory: str, record: dict) -> None:
+    """One micro-batch's report record, ``<batch id>.json``, written whole
+    (temp file + rename); a replayed batch overwrites its record."""
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, f"{record['batch_id']:09d}.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(record, f, default=str)
+    os.replace(path + ".tmp", path)
+
+
+def read_batch_records(directory: str, run_id: str) -> list[dict]:
+    """The report records the run ``run_id`` wrote, by batch id."""
+    out = []
+    if os.path.isdir(directory):
+        for name in sorted(os.listdir(directory)):
+            if name.endswith(".json") and name[:-5].isdigit():
+                with open(os.path.join(directory, name)) as f:
+                    record = json.load(f)
+                if record.get("run") == run_id:
+                    out.append(record)
+    return out
+
+
+class BatchHandler:
+    """What happens to one micro-batch, from its output to the sinks' commit,
+    as a picklable object (config and sinks, no client state): Spark Connect
+    runs it in the server's Python process.  It returns the batch's report
+    record (:meth:`RunReport.apply_batch`); called by foreachBatch it also
+    writes the record to ``<checkpoint>/reports``."""
+
+    def __init__(self, *, sink, changelog, key, strict, dead_letter, late_output, streaming,
+                 run_id, table_name, checkpoint):
+        self.sink, self.changelog, self.key = sink, changelog, key
+        self.strict, self.dead_letter, self.late_output = strict, dead_letter, late_output
+        self.streaming, self.run_id, self.table_name = streaming, run_id, table_name
+        self.main_checkpoint = os.path.join(checkpoint, "main") if checkpoint else None
+        self.reports_dir = os.path.join(checkpoint, REPORTS_DIR) if checkpoint else None
+
+    # -- the stop request and the failure, shared through the checkpoint ------
+    @property
+    def _stop_path(self) -> str:
+        return os.path.join(self.reports_dir, f"stop-{self.run_id}")
+
+    @property
+    def _failure_path(self) -> str:
+        return os.path.join(self.reports_dir, f"failure-{self.run_id}.pickle")
+
+    def request_stop(self) -> None:
+        """No further micro-batch starts (Ctrl-C)."""
+        os.makedirs(self.reports_dir, exist_ok=True)
+        open(self._stop_path, "w").close()
+
+    def clear_stop(self) -> None:
+        for path in (self._stop_path, self._failure_path):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+
+    def failure(self) -> list:
+        """The error the handler raised in another process, as itself."""
+        import pickle
+        try:
+            with open(self._failure_path, "rb") as f:
+                return [pickle.load(f)]
+        except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError):
+            return []
+
+    def __call__(self, bdf, batch_id) -> dict:
+        """foreachBatch: the batch, then its record in the checkpoint."""
+        try:
+            if os.path.exists(self._stop_path):
+                # before this batch touches state or a sink: it is redone on resume
+                raise _StopRequested()
+            record = self.run(bdf, int(batch_id), _query_id(self.main_checkpoint))
+            write_batch_record(self.reports_dir, record)
+            return record
+        except Exception as err:
+            self._save_failure(err)
+            raise
+
+    def _save_failure(self, err: Exception) -> None:
+        import pickle
+        try:
+            data = pickle.dumps(err)
+        except Exception:
+            return
+        os.makedirs(self.reports_dir, exist_ok=True)
+        with open(self._failure_path + ".tmp", "wb") as f:
+            f.write(data)
+        os.replace(self._failure_path + ".tmp", self._failure_path)
+
+    @property
+    def distributed(self) -> bool:
+        """The sink is written by the executors (a sink with a staged writer,
+        and no changelog output, which writes from the driver)."""
+        return self.changelog is None and hasattr(self.sink, "stage_batch")
+
+    def run(self, df, batch_id: int, query_id: str) -> dict:
+        """The batch ``df`` (a micro-batch, or the whole bounded output) -> its record."""
+        if self.distributed:
+            return self.handle_distributed(df, batch_id, query_id)
+        return self.handle(df.toArrow(), batch_id, query_id)
+
+    def handle(self, batch: pa.Table, batch_id: int, query_id: str) -> dict:
+        """One batch's output collected as Arrow (side rows in it) into the sinks -> its record."""
         from ..sinks.base import split_null_keys_arrow
         data, payloads = split_side_rows(batch)
+        data, rejects = split_null_keys_arrow(data, self.key, self.table_name)
+        record = self._side_rows(payloads, rejects, batch_id)
+        if self.changelog is not None:
+            self.changelog.write_batch(data.to_pandas(), batch_id=batch_id, query_id=query_id)
+        result = self.sink.write_arrow_batch(data, query_id=query_id, batch_id=batch_id)
+        return self._with_result(record, result, data.num_rows)
+
+    def handle_distributed(self, df, batch_id: int, query_id: str) -> dict:
+        """The batch stays on the executors: the sink writers stage it
+        (``runtime.sink_writers``), only side rows, null-key rejects and counts
+        come back, then the sink commits the staged batch in one step."""
+        from .sink_writers import write_partitions
+        stage = self.sink.stage_batch(query_id, batch_id)
+        try:
+            payloads, rejects, written = write_partitions(df, stage, self.key, self.table_name)
+            rejects = pd.DataFrame(rejects, columns=["raw", "file", "line", "reason"])
+            record = self._side_rows(payloads, rejects, batch_id)
+        except BaseException:
+            stage.drop()     # nothing of the batch reached the table
+            raise
+        result = stage.commit(written)
+        return self._with_result(record, result, sum(w["rows"] for w in written))
+
+    @staticmethod
+    def _with_result(record: dict, result: dict, changes: int) -> dict:
+        record.update(changes_out=changes, skipped_replay=bool(result.get("skipped_replay")),
+                      upserted=int(result.get("upserted", 0)), deleted=int(result.get("deleted", 0)),
+                      write=result.get("write"))
+        return record
+
+    def _side_rows(self, payloads: list[dict], rejects: pd.DataFrame, batch_id: int) -> dict:
+        """The batch's side rows and null-key rejects: counted, dead letters
+        written (or the run stops), late rows to the late output -> the record
+        without the sink's counts.  Runs before anything of the batch is written."""
+        dead_letter, strict = self.dead_letter, self.strict
         side = sort_side_rows(payloads)
-        report.add_metrics(side.metrics)
-        _handle_late(side.metrics, report, late_output, batch_id)
+        record = {"run": self.run_id, "batch_id": batch_id, "invalid": 0, "null_sink_key": 0,
+                  **_late_record(side.metrics, self.late_output, batch_id),
+                  # late rows went to the late output: the report counts them
+                  "metrics": [{k: v for k, v in m.items() if k != "side"} for m in side.metrics]}
         # bad input first: strict stops before anything of the batch is written
         dead = side.dead_letters
         if len(dead):
@@ -390,13 +633,12 @@ def run_to_sink(df, table, *, key, schema: pa.Schema, checkpoint: Optional[str] 
             else:
                 from ..connectors.dead_letter import write_dead_letter
                 # a batch run is named by content (a second run does not overwrite it)
-                write_dead_letter(dead, dead_letter, batch_id=batch_id if report.streaming else None)
-            report.invalid += len(dead)
-        report.tombstones_skipped += side.skipped.get("tombstone", 0)
-        report.ignored_skipped += side.skipped.get("ignored", 0)
+                write_dead_letter(dead, dead_letter, batch_id=batch_id if self.streaming else None)
+            record["invalid"] += len(dead)
+        record["tombstones_skipped"] = side.skipped.get("tombstone", 0)
+        record["ignored_skipped"] = side.skipped.get("ignored", 0)
         # a change whose sink key is null cannot be applied: dead letter (or stop),
         # before anything of the batch is written
-        data, rejects = split_null_keys_arrow(data, key, table_name)
         if len(rejects):
             if strict or dead_letter is None:
                 first = rejects.iloc[0]
@@ -405,74 +647,9 @@ def run_to_sink(df, table, *, key, schema: pa.Schema, checkpoint: Optional[str] 
                                  f"{first['reason']}: {first['raw']}")
             from ..connectors.dead_letter import write_dead_letter
             write_dead_letter(rejects, dead_letter, batch_id=batch_id, prefix="sink-")
-            report.invalid += len(rejects)
-            report.counters["null_sink_key"] = report.counters.get("null_sink_key", 0) + len(rejects)
-        if log is not None:
-            log.write_batch(data.to_pandas(), batch_id=batch_id, query_id=query_id)
-        result = sink.write_arrow_batch(data, query_id=query_id, batch_id=batch_id)
-        report.batches += 1
-        if result.get("skipped_replay"):
-            report.replayed_batches += 1
-        else:
-            report.changes_out += len(data)
-            report.upserted += int(result.get("upserted", 0))
-            report.deleted += int(result.get("deleted", 0))
-            if result.get("write"):
-                report.sink_writes[result["write"]] = report.sink_writes.get(result["write"], 0) + 1
-        for name, position in (source_positions or {}).items():
-            report.sources[name] = position()
-        if progress:
-            progress(report)
-
-    if not streaming:
-        with operator_errors():
-            output = df.toArrow()
-        handle(output, 0, f"batch-{uuid.uuid4().hex}")
-        report.seconds = time.perf_counter() - t0
-        return report
-
-    if not checkpoint:
-        raise ValueError("a streaming run needs a checkpoint directory (checkpoint=...)")
-    main_ck = os.path.join(checkpoint, "main")
-
-    failure: list = []
-    stop = threading.Event()      # set by Ctrl-C: no further micro-batch starts
-
-    def main_batch(bdf, batch_id):
-        try:
-            if stop.is_set():
-                # before this batch touches state or a sink: it is redone on resume
-                raise _StopRequested()
-            handle(bdf.toArrow(), int(batch_id), _query_id(main_ck))
-        except Exception as err:    # re-raised as itself below, not as Spark's wrapper
-            failure.append(err)
-            raise
-
-    writer = df.writeStream.foreachBatch(main_batch).option("checkpointLocation", main_ck)
-    query = (writer.trigger(availableNow=True) if trigger is None
-             else writer.trigger(processingTime=trigger)).start()
-    try:
-        with operator_errors(), _stop_on_ctrl_c(stop):
-            try:
-                if until is None:
-                    query.awaitTermination()
-                else:
-                    while not query.awaitTermination(0.2) and not until(report):
-                        pass
-            except Exception as err:
-                if failure and isinstance(failure[0], _StopRequested):
-                    report.interrupted = True
-                else:
-                    from .checkpoint import reraise_damaged
-                    reraise_damaged(failure[0] if failure else err, main_ck)
-                    if failure:
-                        raise failure[0] from err
-                    raise
-    finally:
-        if query.isActive:
-            query.stop()
-    report.seconds = time.perf_counter() - t0
-    return report
+            record["invalid"] += len(rejects)
+            record["null_sink_key"] = len(rejects)
+        return record
 
 
 class _StopRequested(Exception):
@@ -480,18 +657,21 @@ class _StopRequested(Exception):
 
 
 @contextlib.contextmanager
-def _stop_on_ctrl_c(requested: threading.Event):
+def _stop_on_ctrl_c(request_stop: Callable[[], None]):
     """The first Ctrl-C of a streaming run lets the running micro-batch finish
-    and starts no other (``requested`` is set); a second one stops at once
+    and starts no other (``request_stop()``); a second one stops at once
     (KeyboardInterrupt).  Only in the main thread (signals go there)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
+    requested = threading.Event()
+
     def on_sigint(signum, frame):
         if requested.is_set():
             raise KeyboardInterrupt
         requested.set()
+        request_stop()
         print("stopping at the end of the current micro-batch (Ctrl-C again to stop at once)",
               file=sys.stderr, flush=True)
 
@@ -502,27 +682,28 @@ def _stop_on_ctrl_c(requested: threading.Event):
         signal.signal(signal.SIGINT, previous)
 
 
-def _handle_late(metrics: list[dict], report: RunReport, late_output: Optional[str],
-                 batch_id) -> None:
+def _late_record(metrics: list[dict], late_output: Optional[str], batch_id) -> dict:
     """Late rows of window operators (side-row channel) go to the late output,
     counted; without a late output they are counted and warned about.  The
-    operators' watermark state goes to the report (and, per batch, next to the
+    operators' watermark state goes to the record (and, per batch, next to the
     late rows, for ``spark-changelog plot-watermarks``)."""
     from .late_output import late_records, write_event_time, write_late_rows
+    out: dict = {"late_rows": 0, "late_warning": None, "event_time": None}
     progress = [m["event_time"] for m in metrics if m.get("event_time")]
     if progress:
-        report.event_time = progress[-1]
+        out["event_time"] = progress[-1]
         if late_output is not None:
             write_event_time(progress[-1], late_output, batch_id)
     late = late_records(metrics)
     if not late:
-        return
-    report.late_rows += len(late)
+        return out
+    out["late_rows"] = len(late)
     if late_output is not None:
         write_late_rows(late, late_output, batch_id)
     else:
-        report.warnings.append(f"{len(late)} late row(s) in batch {batch_id} and no late output "
+        out["late_warning"] = (f"{len(late)} late row(s) in batch {batch_id} and no late output "
                                "directory (late_output=...): counted only")
+    return out
 
 
 def collect_changes(df) -> pd.DataFrame:

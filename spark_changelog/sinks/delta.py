@@ -209,6 +209,11 @@ class DeltaUpsertSink(UpsertSink):
         self._check_definition()
         self._dt = None
 
+    def __getstate__(self) -> dict:
+        # picklable (a Spark Connect server runs the batch handler): the open
+        # table and the log's file system are reopened there
+        return {**self.__dict__, "_dt": None, "_log_fs": None}
+
     # ------------------------------------------------------------------ setup
     def _check_definition(self) -> None:
         if not self.key:

@@ -539,6 +539,11 @@ class PostgresUpsertSink(UpsertSink):
     def _apply_upserts(self, conn, chunks: list[bytes], nrows: int) -> tuple[int, int]:
         """-> (rows inserted, rows updated); unchanged rows are not updated."""
         tmp = self._copy_into_temp(conn, "_spark_changelog_upserts", self.columns, chunks, nrows)
+        return self._upsert_from(conn, tmp, sql.SQL(""))
+
+    def _upsert_from(self, conn, source: sql.Identifier, where: sql.Composable) -> tuple[int, int]:
+        """``INSERT ... SELECT`` the rows of ``source`` (``where``) into the
+        target, ``ON CONFLICT`` on the key -> (rows inserted, rows updated)."""
         if self.value_columns:
             set_clause = sql.SQL(", ").join(
                 sql.SQL("{} = EXCLUDED.{}").format(sql.Identifier(c), sql.Identifier(c)) for c in self.value_columns)
@@ -551,18 +556,38 @@ class PostgresUpsertSink(UpsertSink):
             action = sql.SQL("DO NOTHING")
         # xmax = 0 tells a freshly inserted row from an updated one
         row = conn.execute(sql.SQL(
-            "WITH w AS (INSERT INTO {} AS t ({}) SELECT {} FROM {} ON CONFLICT ({}) {} RETURNING (t.xmax = 0) AS ins) "
+            "WITH w AS (INSERT INTO {} AS t ({}) SELECT {} FROM {} {} ON CONFLICT ({}) {} "
+            "RETURNING (t.xmax = 0) AS ins) "
             "SELECT count(*) FILTER (WHERE ins), count(*) FILTER (WHERE NOT ins) FROM w").format(
-            self._target, self._idents(self.columns), self._idents(self.columns), tmp,
+            self._target, self._idents(self.columns), self._idents(self.columns), source, where,
             self._idents(self.key), action)).fetchone()
         return int(row[0]), int(row[1])
 
     def _apply_deletes(self, conn, chunks: list[bytes], nrows: int) -> int:
         tmp = self._copy_into_temp(conn, "_spark_changelog_deletes", self.key, chunks, nrows)
+        return self._delete_from(conn, tmp, sql.SQL(""))
+
+    def _delete_from(self, conn, source: sql.Identifier, where: sql.Composable) -> int:
+        """Delete the target's rows whose key is in ``source`` (``where``, on ``d``)."""
         cond = sql.SQL(" AND ").join(
             sql.SQL("t.{} = d.{}").format(sql.Identifier(k), sql.Identifier(k)) for k in self.key)
-        cur = conn.execute(sql.SQL("DELETE FROM {} AS t USING {} AS d WHERE {}").format(self._target, tmp, cond))
+        cur = conn.execute(sql.SQL("DELETE FROM {} AS t USING {} AS d WHERE {} {}").format(
+            self._target, source, cond, where))
         return cur.rowcount
+
+    # -- distributed: staged by the executors, applied by the driver ----------
+    def stage_batch(self, query_id: str, batch_id: int) -> "StagedBatch":
+        """On the driver, before the sink writers run: the batch's staging
+        table, created empty (a leftover of a crashed attempt is dropped first),
+        or none when the batch is a replay (docs/sinks.md, "PostgreSQL: staged
+        by the executors")."""
+        if not isinstance(query_id, str) or not query_id:
+            raise ValueError(f"query_id must be a non-empty string, got {query_id!r}")
+        batch_id = int(batch_id)
+        staged = StagedBatch(self, query_id, batch_id, replay=self.last_batch_id(query_id) >= batch_id)
+        if not staged.replay:
+            self._run_with_retries(staged.create, f"staging table of batch {batch_id}")
+        return staged
 
     # -- reading -------------------------------------------------------------
     def last_batch_id(self, query_id: str) -> int:
@@ -593,3 +618,141 @@ class PostgresUpsertSink(UpsertSink):
             except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
                 arrays.append(pa.array(list(values)))
         return pa.Table.from_arrays(arrays, names=list(self.columns)).to_pandas(types_mapper=_nullable_dtype)
+
+
+#: columns the staging table adds to the target's: the row is a net addition
+#: (else a net retraction: only its key is set), and the Spark partition that wrote it
+STAGE_ADD_COL, STAGE_PART_COL = "_spark_changelog_add", "_spark_changelog_part"
+
+
+class StagedBatch:
+    """One micro-batch written by the executors into its staging table and
+    applied by the driver in one transaction (docs/sinks.md, "PostgreSQL:
+    staged by the executors").  Picklable (the sink travels without its
+    connection): :meth:`write_partition` runs on the executors.
+
+    The staging table ``_spark_changelog_stage_<hash of query and table>_<batch>``
+    is an ``UNLOGGED`` table in the target's schema with the target's column
+    types.  A partition replaces its own rows in one transaction (under an
+    advisory lock on (table, partition)), so a retried or speculative task
+    attempt leaves exactly one copy of its partition.  :meth:`commit` locks
+    the progress row; a replay drops the staging table and writes nothing;
+    otherwise it upserts the net additions, deletes the net retractions,
+    records the batch id and drops the staging table, all in one transaction,
+    with the sink's retries."""
+
+    def __init__(self, sink: "PostgresUpsertSink", query_id: str, batch_id: int, replay: bool):
+        import hashlib
+        self.sink, self.query_id, self.batch_id, self.replay = sink, query_id, batch_id, replay
+        digest = hashlib.sha1(f"{query_id}\0{sink.sink_table}".encode()).hexdigest()[:16]
+        self.table_name = f"_spark_changelog_stage_{digest}_{batch_id}"
+
+    @property
+    def _ident(self) -> sql.Identifier:
+        parts = self.sink.table_parts
+        return sql.Identifier(*(parts[:-1] + (self.table_name,)))
+
+    def create(self, conn, attempt: int) -> None:
+        s = self.sink
+        with conn.transaction():
+            conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(self._ident))
+            conn.execute(sql.SQL("CREATE UNLOGGED TABLE {} AS SELECT {} FROM {} WITH NO DATA").format(
+                self._ident, s._idents(s.columns), s._target))
+            conn.execute(sql.SQL("ALTER TABLE {} ADD COLUMN {} boolean NOT NULL, ADD COLUMN {} integer NOT NULL")
+                         .format(self._ident, sql.Identifier(STAGE_ADD_COL), sql.Identifier(STAGE_PART_COL)))
+
+    def drop(self) -> None:
+        """Drop the staging table (a batch that failed before its commit)."""
+        self.sink._run_with_retries(
+            lambda conn, attempt: conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(self._ident)),
+            f"drop staging table of batch {self.batch_id}")
+
+    # -- on an executor ---------------------------------------------------------
+    def write_partition(self, changes: pa.Table, partition: int) -> dict:
+        """The net change per key of one partition's changes (every change of
+        its keys is in it) -> ``COPY`` into the staging table, replacing what an
+        earlier attempt of the same partition wrote.  Nothing for a replay."""
+        s = self.sink
+        if self.replay or changes.num_rows == 0:
+            return {"adds": 0, "retracts": 0}
+        from ..operators.kernels import arrow_key_arrays, last_change_per_key
+        is_add = IS_ADD[changes[KIND_COL].to_numpy().astype(np.int64)]
+        keep = last_change_per_key(arrow_key_arrays(changes, s.key),
+                                   changes[SEQ_COL].to_numpy().astype(np.int64), is_add)
+        net = changes.select(list(s.columns)).take(pa.array(keep))
+        net_add = is_add[keep]
+        # a retraction keeps only its key: its other columns are not written
+        values = {c: net[c] if c in s.key else pc.if_else(pa.array(net_add), net[c], pa.nulls(len(net), net[c].type))
+                  for c in s.columns}
+        table = pa.table({**values, STAGE_ADD_COL: pa.array(net_add),
+                          STAGE_PART_COL: pa.array(np.full(len(net), partition, dtype=np.int32))})
+        fields = [s.schema.field(c) for c in s.columns]
+        table = table.cast(pa.schema(fields + [pa.field(STAGE_ADD_COL, pa.bool_()),
+                                               pa.field(STAGE_PART_COL, pa.int32())]))
+        chunks = _csv_chunks(table)
+        cols = (*s.columns, STAGE_ADD_COL, STAGE_PART_COL)
+
+        def load(conn, attempt):
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s), %s)", (self.table_name, partition))
+                conn.execute(sql.SQL("DELETE FROM {} WHERE {} = %s").format(
+                    self._ident, sql.Identifier(STAGE_PART_COL)), (partition,))
+                with conn.cursor() as cur:
+                    with cur.copy(sql.SQL("COPY {} ({}) FROM STDIN (FORMAT csv)").format(
+                            self._ident, s._idents(cols))) as cp:
+                        for chunk in chunks:
+                            cp.write(chunk)
+
+        try:
+            s._run_with_retries(load, f"staging partition {partition} of batch {self.batch_id}")
+        finally:
+            s.close()
+        n_add = int(net_add.sum())
+        return {"adds": n_add, "retracts": len(net) - n_add}
+
+    # -- on the driver ----------------------------------------------------------
+    def commit(self, written: list[dict]) -> dict:
+        """Apply the staging table to the target in one transaction (or skip a
+        replay) -> the sink's result counts (:meth:`PostgresUpsertSink.write_batch`)."""
+        s = self.sink
+        n_adds = sum(w.get("adds", 0) for w in written)
+        n_dels = sum(w.get("retracts", 0) for w in written)
+        state: dict = {"commit_sent": None}
+        is_add = sql.SQL("WHERE {}").format(sql.Identifier(STAGE_ADD_COL))
+
+        def attempt_batch(conn, attempt: int) -> dict:
+            sent = state["commit_sent"]
+            result = {"batch_id": self.batch_id, "upserted": 0, "inserted": 0, "updated": 0, "unchanged": 0,
+                      "deleted": 0, "missing_deletes": 0, "skipped_replay": False, "committed": False,
+                      "retries": attempt, "write": "staged"}
+            with conn.transaction():
+                recorded = s._lock_progress(conn, self.query_id)
+                if self.batch_id <= recorded:
+                    conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(self._ident))
+                    if sent is not None and recorded == self.batch_id:
+                        return dict(sent, retries=attempt)
+                    return dict(result, skipped_replay=True, last_batch_id=recorded, write=None)
+                s._stage("locked", conn)
+                if n_adds + n_dels >= ANALYZE_FROM_ROWS:
+                    conn.execute(sql.SQL("ANALYZE {}").format(self._ident))
+                if n_adds:
+                    inserted, updated = s._upsert_from(conn, self._ident, is_add)
+                    result.update(inserted=inserted, updated=updated, upserted=inserted + updated,
+                                  unchanged=n_adds - inserted - updated)
+                s._stage("upserted", conn)
+                if n_dels:
+                    deleted = s._delete_from(conn, self._ident, sql.SQL("AND NOT d.{}").format(
+                        sql.Identifier(STAGE_ADD_COL)))
+                    result.update(deleted=deleted, missing_deletes=n_dels - deleted)
+                s._stage("deleted", conn)
+                conn.execute(sql.SQL("UPDATE {} SET batch_id = %s, updated_at = now() "
+                                     "WHERE query_id = %s AND sink_table = %s").format(s._progress),
+                             (self.batch_id, self.query_id, s.sink_table))
+                conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(self._ident))
+                s._stage("before_commit", conn)
+                result["committed"] = True
+                state["commit_sent"] = result
+            s._stage("after_commit", conn)
+            return result
+
+        return s._run_with_retries(attempt_batch, f"batch {self.batch_id} of query {self.query_id!r}")

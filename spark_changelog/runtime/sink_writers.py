@@ -1,0 +1,95 @@
+"""The sink writers: the layer between the keyed step and the driver's commit
+(docs/runtime.md, "Sink writers on the executors").
+
+A micro-batch's output stays distributed.  It is repartitioned by the sink
+key (every change of a key in one partition) and each partition, on an
+executor, is: put back in the order the driver would have collected it (its
+position before the shuffle, ``monotonically_increasing_id``, which orders
+like ``toArrow``), split into side rows, changes with a null sink key and
+data rows, and its data rows reduced to the net change per key and written
+by the sink's staged writer (``stage.write_partition``: PostgreSQL ``COPY``
+into the batch's staging table).  What comes back to the driver is small:
+the side rows (counters, dead letters), the null-key rejects, and per
+partition its row counts.  The driver then commits the batch in one step
+(``stage.commit``).
+
+Only picklable config travels: the stage object (connection string, table
+names, columns), the key and the table name.
+"""
+from __future__ import annotations
+
+import json
+from typing import Iterator, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..model import KIND_COL
+from ..model.source_watermarks import is_watermark_payload
+from .spark_keyed import METRICS_COL, METRICS_KIND
+
+#: what each partition sends back to the driver: ``kind`` = ``side`` (a side
+#: row's payload), ``reject`` (a null-key change's dead-letter record) or
+#: ``written`` (the partition's counts), ``payload`` as JSON
+RESULT_SCHEMA = "kind string, payload string"
+_RESULT_ARROW = pa.schema([("kind", pa.string()), ("payload", pa.string())])
+POSITION_COL = "__spark_changelog_pos"
+
+
+def split_side_rows(table: pa.Table) -> tuple[pa.Table, list[dict]]:
+    """Operator output (Arrow) -> (data rows, still Arrow, and the side-row
+    payloads); only the few side rows are decoded."""
+    if METRICS_COL not in table.column_names:
+        return table, []
+    is_metric = pc.fill_null(pc.equal(table[KIND_COL], METRICS_KIND), False)
+    if not pc.any(is_metric).as_py():
+        return table.drop_columns([METRICS_COL]), []
+    # watermark rows no event-time operator consumed (a stream with a
+    # watermark and no window) carry nothing for the report
+    metrics = [p for p in (json.loads(s) for s in table.filter(is_metric)[METRICS_COL].to_pylist())
+               if not is_watermark_payload(p)]
+    return table.filter(pc.invert(is_metric)).drop_columns([METRICS_COL]), metrics
+
+
+class PartitionWriter:
+    """``mapInArrow`` function of the sink writers (picklable)."""
+
+    def __init__(self, stage, key: Sequence[str], table_name: str):
+        self.stage, self.key, self.table_name = stage, tuple(key), table_name
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        from ..sinks.base import split_null_keys_arrow
+        batches = list(batches)
+        if not batches:
+            return
+        table = pa.Table.from_batches(batches)
+        table = table.sort_by(POSITION_COL).drop_columns([POSITION_COL])
+        data, payloads = split_side_rows(table)
+        data, rejects = split_null_keys_arrow(data, self.key, self.table_name)
+        kinds, out = [], []
+        for p in payloads:
+            kinds.append("side")
+            out.append(json.dumps(p, default=str))
+        for r in (json.loads(rejects.to_json(orient="records")) if len(rejects) else []):
+            kinds.append("reject")
+            out.append(json.dumps(r, default=str))
+        counts = self.stage.write_partition(data, TaskContext.get().partitionId())
+        kinds.append("written")
+        out.append(json.dumps(dict(counts, rows=data.num_rows)))
+        yield pa.RecordBatch.from_arrays([pa.array(kinds, pa.string()), pa.array(out, pa.string())],
+                                         schema=_RESULT_ARROW)
+
+
+def write_partitions(df, stage, key: Sequence[str], table_name: str
+                     ) -> tuple[list[dict], list[dict], list[dict]]:
+    """Run the sink writers over the batch ``df`` -> (side-row payloads,
+    null-key rejects, per-partition counts), the only things collected."""
+    from pyspark.sql import functions as F
+    shuffled = (df.withColumn(POSITION_COL, F.monotonically_increasing_id())
+                .repartition(*[F.col(k) for k in key]))
+    side, rejects, written = [], [], []
+    for row in shuffled.mapInArrow(PartitionWriter(stage, key, table_name), RESULT_SCHEMA).collect():
+        {"side": side, "reject": rejects, "written": written}[row["kind"]].append(json.loads(row["payload"]))
+    return side, rejects, written
