@@ -37,12 +37,10 @@ from typing import Callable, Optional
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from ..model import KIND_COL, SEQ_COL, as_key
+from ..model import KIND_COL, METRICS_COL, SEQ_COL, as_key
 from ..model.errors import PathError, UserError
 from .sink_writers import split_side_rows
-from .spark_keyed import METRICS_COL
 
 
 @dataclasses.dataclass

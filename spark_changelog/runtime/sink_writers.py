@@ -24,9 +24,8 @@ from typing import Iterator, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..model import KIND_COL
+from ..model import KIND_COL, METRICS_COL, METRICS_KIND
 from ..model.source_watermarks import is_watermark_payload
-from .spark_keyed import METRICS_COL, METRICS_KIND
 
 #: what each partition sends back to the driver: ``kind`` = ``side`` (a side
 #: row's payload), ``reject`` (a null-key change's dead-letter record) or
