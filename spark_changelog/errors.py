@@ -153,10 +153,7 @@ def _spark_message(err) -> str:
 
 
 def _sort_spark(err, where, facts) -> Optional[UserError]:
-    try:
-        from pyspark.errors import PySparkException
-    except ImportError:         # pragma: no cover -- pyspark is a dependency
-        return None
+    from pyspark.errors import PySparkException
     if not isinstance(err, PySparkException):
         return None
     cls = _spark_condition(err) or ""
@@ -175,6 +172,10 @@ def _sort_spark(err, where, facts) -> Optional[UserError]:
         wrong = re.search(r"Wrong basePath[^\n]*?root path: \S+", text)
         return checkpoint_error(cls, wrong.group(0) if wrong else msg, facts.get("checkpoint"),
                                 where)
+    if cls in ("CAST_INVALID_INPUT", "CAST_OVERFLOW"):
+        cast = _cast_error(cls, text)
+        if cast is not None:
+            return _with_where(cast, where)
     if cls in _SPARK_CLASSES:
         what, todo = _SPARK_CLASSES[cls]
         path = re.search(r"Path does not exist: (?:file:)?(\S+?)\.?$", msg)
@@ -188,6 +189,30 @@ def _with_where(e: UserError, where) -> UserError:
     e.where = where
     e.args = (e.render(),)
     return e
+
+
+_CAST_VALUE = re.compile(r'The value (.+?) of the type "([^"]+)" cannot be cast to "([^"]+)"')
+#: Spark's query context: the expression's text, then a line of carets under it
+_SQL_CONTEXT = re.compile(r"== SQL[^\n]*==\n([^\n]*)\n( *)(\^+)")
+
+
+def _cast_error(cls: str, text: str) -> Optional[UserError]:
+    """A CAST that met a value it cannot convert (docs/sql.md, "CAST is
+    strict"): the value, the types and the expression, in Flink's words."""
+    text = _clean(text)
+    m = _CAST_VALUE.search(text)
+    if m is None:
+        return None
+    value, source, target = m.groups()
+    ctx = _SQL_CONTEXT.search(text)
+    expression = "CAST"
+    if ctx is not None:
+        start = len(ctx.group(2))
+        expression = ctx.group(1)[start:start + len(ctx.group(3))]
+    why = f"out of {target}'s range" if cls == "CAST_OVERFLOW" else f"not a valid {target}"
+    return UserError(f"{expression} failed: the {source} value {value} is {why}",
+                     todo=f"fix the input, or write TRY_CAST(... AS {target}) to get NULL "
+                          "for values that cannot be cast")
 
 
 _PY_ERROR_LINE = re.compile(r"^(?:[\w.]+\.)?(\w+(?:Error|Exception|Violation|Overflow)): (.+)$")
@@ -212,8 +237,9 @@ def _python_worker_error(text: str) -> Optional[UserError]:
         return UserError(msg, todo="the sink key is not unique in the query's result: use ON "
                                    "CONFLICT DO DEDUPLICATE or NOTHING, or key the sink differently")
     if name == "AggregateOverflow":
-        return UserError(msg, todo="CAST the argument to a DECIMAL wide enough (e.g. "
-                                   "DECIMAL(38, 0)) so the result fits, or filter the rows")
+        return UserError(msg, todo="CAST the argument to a wider type (BIGINT for an INT, "
+                                   "DECIMAL(38, 0) for a BIGINT) so the result fits, or filter "
+                                   "the rows")
     if name == "InvalidChangeError":
         return UserError(msg, todo="fix the record, or run without --strict and give "
                                    "--dead-letter DIR to set invalid rows aside")
@@ -238,10 +264,7 @@ def checkpoint_error(cls: str, msg: str, checkpoint: Optional[str], where) -> Ch
 
 
 def _sort_py4j(err, where, facts) -> Optional[UserError]:
-    try:
-        from py4j.protocol import Py4JError, Py4JJavaError, Py4JNetworkError
-    except ImportError:         # pragma: no cover
-        return None
+    from py4j.protocol import Py4JError, Py4JJavaError, Py4JNetworkError
     if isinstance(err, Py4JNetworkError) or (isinstance(err, Py4JError)
                                              and "Answer from Java side is empty" in str(err)):
         return UserError("Spark's JVM stopped", where=where,
@@ -258,10 +281,7 @@ def _sort_py4j(err, where, facts) -> Optional[UserError]:
 
 
 def _sort_delta(err, where, facts) -> Optional[UserError]:
-    try:
-        from deltalake.exceptions import DeltaError
-    except ImportError:         # pragma: no cover -- deltalake is a dependency
-        return None
+    from deltalake.exceptions import DeltaError
     if not isinstance(err, DeltaError):
         return None
     name = type(err).__name__

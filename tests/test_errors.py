@@ -425,11 +425,11 @@ WITH_SPARK = [
             "{{\"lsn\": 4}}}}", 1, spark=True),
     Mistake("SUM over BIGINT overflows", sum_overflows,
             "error: INSERT INTO totals ({p} line 5): SUM(amount) overflows BIGINT in group "
-            "(name=ann): the result does not fit its type (Flink would wrap a BIGINT around or "
+            "(name=ann): the result does not fit its type (Flink would wrap an integer around or "
             "emit null for a DECIMAL; we stop rather than change the value, docs/operators.md, "
             "\"DECIMAL\")", 1, spark=True,
-            also=("  what to do: CAST the argument to a DECIMAL wide enough (e.g. DECIMAL(38, "
-                  "0)) so the result fits, or filter the rows",)),
+            also=("  what to do: CAST the argument to a wider type (BIGINT for an INT, "
+                  "DECIMAL(38, 0) for a BIGINT) so the result fits, or filter the rows",)),
     Mistake("STRING into a BIGINT sink column", string_into_bigint,
             "error: {p}:5:1: INSERT INTO out: column name is STRING in the query but BIGINT in "
             "the table, and STRING values cannot be stored as BIGINT (CAST it in the SELECT, or "
@@ -444,10 +444,10 @@ WITH_SPARK = [
     Mistake("unknown column", unknown_column,
             "error: {p}:5:28: unknown column 'nam' (available: src.id, src.name, src.amount)", 2, spark=True),
     Mistake("a CAST that fails at run time", cast_fails_at_run_time,
-            "error: INSERT INTO out ({p} line 5): a value does not fit its column's type: The "
-            "value 'ann' of the type \"STRING\" cannot be cast to \"BIGINT\" because it is "
-            "malformed. Correct the value as per the syntax, or change its target type. Use "
-            "`try_cast` to tolerate malformed input and return NULL instead.", 1, spark=True),
+            "error: INSERT INTO out ({p} line 5): CAST(`name` AS BIGINT) failed: the STRING "
+            "value 'ann' is not a valid BIGINT", 1, spark=True,
+            also=("  what to do: fix the input, or write TRY_CAST(... AS BIGINT) to get NULL for "
+                  "values that cannot be cast",)),
     Mistake("an invalid record under --strict", strict_bad_record,
             "error: invalid change record in file:{src}/part-0.json line 4: field 'op': unknown "
             "value \"x\" (expected c, r, u or d); record: "

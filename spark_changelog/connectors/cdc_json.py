@@ -696,13 +696,19 @@ def coerce_variant(v: Sql, dtype: T.DataType) -> Sql:
     value = f"try_variant_get({v}, '$', {target})"
     if isinstance(dtype, _INTEGRAL):
         # the DOUBLE reading equals the integer unless a fraction was cut (a
-        # DOUBLE is exact up to 2^53; beyond, a fraction is already below its
-        # precision); the (rare) 0 and 1 are checked for a JSON boolean.
-        # No DECIMAL reading here: at 19+ digits Spark allocates a BigDecimal
-        # per value, which doubled the VARIANT path's time
+        # DOUBLE is exact up to 2^53); the (rare) 0 and 1 are checked for a
+        # JSON boolean.  A fraction below the DOUBLE's precision
+        # (1.0000000000000000001, 9007199254740993.5) is seen in the variant's
+        # type: parse_json keeps a number of up to 38 digits as a DECIMAL with
+        # its trailing zeros stripped (50.0 is DECIMAL(2,0)), so a scale
+        # other than 0 is a fraction.  No DECIMAL reading here: at 19+ digits
+        # Spark allocates a BigDecimal per value, which doubled the VARIANT
+        # path's time
         double = f"try_variant_get({v}, '$', 'double')"
+        schema = f"schema_of_variant({v})"
         return (f"CASE WHEN ({double} = {value} OR abs({value}) > {1 << 53}) AND "
-                f"({value} NOT IN (0, 1) OR schema_of_variant({v}) <> 'BOOLEAN') THEN {value} END")
+                f"({value} NOT IN (0, 1) OR {schema} <> 'BOOLEAN') AND "
+                f"({schema} NOT LIKE 'DECIMAL(%' OR {schema} LIKE '%,0)') THEN {value} END")
     if isinstance(dtype, T.DecimalType):
         return f"CASE WHEN try_variant_get({v}, '$', {lit(exact_decimal(dtype))}) = {value} THEN {value} END"
     return value

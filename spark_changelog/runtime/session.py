@@ -22,6 +22,11 @@ DEFAULT_CONFIGS = {
     "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
     "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
     "spark.sql.session.timeZone": "UTC",
+    # CAST fails on a value it cannot convert, as in Flink (TRY_CAST gives
+    # NULL); without ANSI mode CAST would silently give NULL (docs/sql.md,
+    # "Expressions and functions").  Spark 4's default, set against a
+    # cluster's defaults that turn it off
+    "spark.sql.ansi.enabled": "true",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",

@@ -193,6 +193,7 @@ def test_a_value_that_does_not_fit_its_column_is_a_dead_letter_naming_the_field(
         ("+I", 1, 50, 7, Decimal("12.34"), True, seq(lsn(10), A)),
         # an exponent that is a whole number, the extremes of the types
         ("+I", 7, 50, -2147483648, Decimal("-99999999.99"), False, seq(lsn(70), A)),
+        ("+I", 12, 50, 7, Decimal("12.34"), True, seq(lsn(120), A)),    # 50.000: a whole number
     ]
     assert invalid == [
         (2, "field 'n': value 50.5 is not a BIGINT (in 'after')"),                  # was 50
@@ -202,6 +203,9 @@ def test_a_value_that_does_not_fit_its_column_is_a_dead_letter_naming_the_field(
         (6, "field 'n': value true is not a BIGINT (in 'after')"),                  # was 1
         (8, "field 'n': value 9223372036854775808 is not a BIGINT (in 'after')"),
         (9, "field 'b': value \"x\" is not a BOOLEAN (in 'after')"),
+        # fractions below a DOUBLE's precision (were 1 and 9007199254740993)
+        (10, "field 'n': value 1.0000000000000000001 is not a BIGINT (in 'after')"),
+        (11, "field 'n': value 9007199254740993.5 is not a BIGINT (in 'after')"),
     ]
     assert skipped == []
 
@@ -239,7 +243,7 @@ def test_ignore_parse_errors_marks_dead_letters(spark):
                        options=FormatOptions(ignore_parse_errors=True))
     from spark_changelog.model import METRICS_COL
     payloads = [r[0] for r in res.rows.where("_kind = -1").select(METRICS_COL).collect()]
-    assert len(payloads) == 7 and all('"ignored":true' in p for p in payloads)
+    assert len(payloads) == 9 and all('"ignored":true' in p for p in payloads)
 
 
 # ----------------------------------------------------------------- Debezium's type encodings

@@ -8,12 +8,14 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from changelog_data import batches_of, load_fixture, schema_of, to_frame, to_rows
+from spark_changelog.operators.aggregate.accumulators import AggregateOverflow
 from spark_changelog.operators.aggregate.group_aggregate import GroupAggregate
+from spark_changelog.operators.keys import GLOBAL_KEY
 from spark_changelog.operators.normalize import ChangelogNormalize
 from spark_changelog.runtime.local import LocalRunner
 from tests.reference.aggregate import RefGroupAggregate
 
-TYPES = {"BIGINT": pa.int64(), "STRING": pa.string(), "DOUBLE": pa.float64()}
+TYPES = {"BIGINT": pa.int64(), "INT": pa.int32(), "STRING": pa.string(), "DOUBLE": pa.float64()}
 FLINK = load_fixture("flink/aggregate.json")
 
 #: the aggregate calls of each recorded case's SQL, as (function, column, output)
@@ -27,7 +29,16 @@ CALLS = {
     "A3b_unchanged_result_with_ttl": (["k"], [("sum", "v", "s"), ("max", "v", "mx")]),
     "A4_first_last_value_retract": (["k"], [("first_value", "v", "f"), ("last_value", "v", "l")]),
     "A5_seed_students_avg": (["student_id", "student_name"], [("avg", "score", "avg_score")]),
+    # no GROUP BY: one global group (the SQL layer keys it by a constant; no key columns here)
+    "A6_global_aggregate_last_row_retracted": ([], [("count", None, "c"), ("sum", "v", "s"),
+                                                    ("max", "v", "mx")]),
+    "A7_sum_of_int_is_int": (["k"], [("sum", "v", "s"), ("avg", "v", "a")]),
 }
+#: the step where Flink's integer sum wraps around and ours stops naming the group
+OVERFLOW_AT = {"A7_sum_of_int_is_int": 1}
+#: Arrow types of Flink's recorded result types
+RESULT_TYPES = {"BIGINT NOT NULL": pa.int64(), "BIGINT": pa.int64(), "INT": pa.int32(),
+                "STRING": pa.string()}
 
 
 def fold_step(rows, n_key):
@@ -55,23 +66,58 @@ def fold_step(rows, n_key):
     return out
 
 
-@pytest.mark.parametrize("case", FLINK["cases"], ids=[c["name"] for c in FLINK["cases"]])
+def operator_of(case):
+    spec = case["inputs"]["T"]
+    schema = schema_of(spec["columns"], [TYPES[t] for t in spec["types"]])
+    key, calls = CALLS[case["name"]]
+    return GroupAggregate(schema, key, calls), key + [c[2] for c in calls]
+
+
+@pytest.mark.parametrize("case", [c for c in FLINK["cases"] if "result_types" in c],
+                         ids=[c["name"] for c in FLINK["cases"] if "result_types" in c])
+def test_result_types_are_flinks(case):
+    """SUM and AVG of INT are INT (docs/operators.md, "Group aggregation")."""
+    op, out_cols = operator_of(case)
+    assert [op.output_schema.field(c).type for c in out_cols] == \
+        [RESULT_TYPES[t] for t in case["result_types"]]
+
+
+def test_int_sum_past_its_range_stops_naming_the_group_where_flink_wraps():
+    """A7: 2147483000 + 700 leaves INT; Flink emits -2147483596 (wrapped), we
+    raise AggregateOverflow naming the group (docs/operators.md, "Overflow")."""
+    case = next(c for c in FLINK["cases"] if c["name"] == "A7_sum_of_int_is_int")
+    op, out_cols = operator_of(case)
+    runner = LocalRunner(op)
+    rows = case["inputs"]["T"]["rows"]
+    got = to_rows(runner.run_batch(to_frame([rows[0] + [0]], ["k", "v"]), processing_time_ms=0),
+                  out_cols)
+    assert got == case["expected_steps"][0]
+    assert case["expected_steps"][1][1] == ["+U", ["a", -2147483596, 1073741850]]
+    with pytest.raises(AggregateOverflow, match=r"^SUM\(v\) overflows INT in group \(k=a\)"):
+        runner.run_batch(to_frame([rows[1] + [1]], ["k", "v"]), processing_time_ms=1)
+
+
+@pytest.mark.parametrize("case", [c for c in FLINK["cases"] if c["name"] not in OVERFLOW_AT],
+                         ids=[c["name"] for c in FLINK["cases"] if c["name"] not in OVERFLOW_AT])
 def test_flink_group_aggregate_cases_step_by_step(case):
     """One input row per micro-batch in Flink's arrival order; each step's output
     equals Flink's (A5: per group folded, as a micro-batch emits it, because a
     ChangelogNormalize in front turns one update into -U/+U in the same batch)."""
     spec = case["inputs"]["T"]
     cols = spec["columns"]
-    schema = schema_of(cols, [TYPES[t] for t in spec["types"]])
+    types = [TYPES[t] for t in spec["types"]]
     key, calls = CALLS[case["name"]]
+    out_cols = key + [c[2] for c in calls]
+    if not key:     # a global aggregate: one constant key, as the lowering adds it
+        cols, types, key = cols + [GLOBAL_KEY], types + [pa.int64()], [GLOBAL_KEY]
+    schema = schema_of(cols, types)
     ttl = 3_600_000 if "table.exec.state.ttl" in case.get("config", {}) else None
     agg = LocalRunner(GroupAggregate(schema, key, calls, state_ttl_ms=ttl))
     norm = LocalRunner(ChangelogNormalize(schema, spec["primary_key"])) \
         if spec["changelog_mode"] == "upsert" else None
-    out_cols = key + [c[2] for c in calls]
     for step, (_, idx) in enumerate(case["arrival"]):
         kind, values = spec["rows"][idx]
-        rows = to_frame([[kind, values, step]], cols)
+        rows = to_frame([[kind, values + [0] * (len(cols) - len(values)), step]], cols)
         if norm is not None:
             rows = norm.run_batch(rows, processing_time_ms=step)
         got = to_rows(agg.run_batch(rows, processing_time_ms=step), out_cols)

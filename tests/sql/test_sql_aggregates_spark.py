@@ -5,13 +5,15 @@ table expressions; results written out as data; and the malformed or not yet
 supported forms with their messages, line and column."""
 from __future__ import annotations
 
+import io
 from collections import Counter
 
 import pytest
 
-from changelog_data import to_rows
+from changelog_data import load_fixture, to_rows
 from sql_inputs import source_options, write_changelog
 from spark_changelog.sql.errors import SqlError, UnsupportedFeature
+from spark_changelog.sql.runner import run_script
 from spark_changelog.sql.script import parse_script
 from spark_changelog.sql.translate import Translator
 
@@ -72,6 +74,40 @@ def test_global_aggregate_is_one_group_in_explain(spark, src):
                           "q.sql")
     (_, s), = [x for x in Translator(spark, script, key_groups=2).statements() if x[1] is not None]
     assert "GroupAggregate(groupBy=[], select=[COUNT(*) AS EXPR$0])" in s.explain()
+
+
+GLOBAL = {c["name"]: c for c in load_fixture("flink/aggregate.json")["cases"]}[
+    "A6_global_aggregate_last_row_retracted"]
+
+
+def test_global_aggregate_deletes_its_row_when_the_last_row_is_retracted(spark, tmp_path):
+    """Flink 2.3 (A6) emits ``-D`` for the global group when its last row is
+    retracted, then ``+I`` for a new row.  Streaming, one micro-batch per file
+    (the two files of the first four rows): Flink's steps folded per batch;
+    batch: the final table, empty after four rows and Flink's after five."""
+    rows = [(kind, vals, i) for i, (kind, vals) in enumerate(GLOBAL["inputs"]["T"]["rows"])]
+    cols, types = GLOBAL["inputs"]["T"]["columns"], GLOBAL["inputs"]["T"]["types"]
+    write_changelog(tmp_path / "steps", cols, types, [rows[:2], rows[2:4]])
+    write_changelog(tmp_path / "all", cols, types, [rows])
+    ddl = "CREATE TABLE T (k STRING, v BIGINT) WITH ({});\n"
+    out = io.StringIO()
+    run_script(spark, parse_script(
+        ddl.format(source_options(tmp_path / "steps") + ", 'source.max-files-per-trigger' = '1'")
+        + "CREATE TABLE p (c BIGINT, s BIGINT, mx BIGINT) WITH ('connector' = 'print');\n"
+        + f"INSERT INTO p {GLOBAL['sql']};", "g.sql"),
+        batch=False, checkpoint=str(tmp_path / "ck"), show_progress=False, out=out)
+    steps = GLOBAL["expected_steps"]
+    assert steps[3] == [["-D", [1, 2, 2]]]
+    assert out.getvalue().splitlines() == ["+I[2, 3, 2]", "-D[2, 3, 2]"]  # steps 0-1, 2-3 folded
+
+    def batch(path):
+        script = parse_script(ddl.format(source_options(path)) + f"EXPLAIN {GLOBAL['sql']};", "g.sql")
+        (_, s), = [x for x in Translator(spark, script, streaming=False).statements()
+                   if x[1] is not None]
+        return to_rows(s.collect(), list(s.schema.columns))
+    write_changelog(tmp_path / "four", cols, types, [rows[:4]])
+    assert batch(tmp_path / "four") == []
+    assert batch(tmp_path / "all") == [["+I", [1, 5, 5]]] == GLOBAL["expected"][-1:]
 
 
 #: not supported yet (exit 3) or wrong: (query, error class, message start, line, column)

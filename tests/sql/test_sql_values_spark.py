@@ -46,6 +46,21 @@ INSERT INTO p VALUES (1, 'apple', 1.5, '2026-01-02 03:04:05'),
     assert "Values" in runs[0].report.plan and "changelogMode=[I]" in runs[0].planned.explain()
 
 
+def test_try_cast_gives_null_where_cast_fails_naming_the_expression(spark):
+    """docs/sql.md, "CAST is strict, TRY_CAST returns NULL"."""
+    ddl = """
+CREATE TABLE p (n INT, s STRING) WITH ('connector' = 'print');
+INSERT INTO p SELECT {}(s AS INT), s FROM (VALUES ('1'), ('x'), ('3000000000')) AS v(s);
+"""
+    _, out = run(spark, ddl.format("TRY_CAST"))
+    assert out.splitlines() == ["+I[1, 1]", "+I[null, x]", "+I[null, 3000000000]"]
+    from spark_changelog.errors import as_user_error
+    with pytest.raises(Exception) as e:
+        run(spark, ddl.format("CAST"))
+    assert as_user_error(e.value).what == (
+        "CAST(`s` AS INT) failed: the STRING value 'x' is not a valid INT")
+
+
 def test_insert_values_streaming_into_delta_and_blackhole_is_one_micro_batch(spark, tmp_path):
     runs, _ = run(spark, f"""
 CREATE TABLE d (id INT, v DOUBLE, PRIMARY KEY (id) NOT ENFORCED)

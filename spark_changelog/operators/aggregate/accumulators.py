@@ -16,11 +16,12 @@ from :attr:`Accumulator.scalar_fields` and :attr:`Accumulator.entry_fields`.
 
 Result types follow Flink 2.3 (recorded in ``tests/fixtures/flink/aggregate.json``
 and ``decimal.json``): ``COUNT`` is BIGINT, ``MIN``/``MAX``/``FIRST_VALUE``/
-``LAST_VALUE`` keep the input type, ``SUM``/``AVG`` of an integer are BIGINT
-(``AVG`` the quotient truncated toward zero, as Java's long division) and of
+``LAST_VALUE`` keep the input type, ``SUM``/``AVG`` of an integer keep its
+type (INT stays INT; ``AVG`` the quotient truncated toward zero, as Java's
+long division) and of
 ``DECIMAL(p, s)`` are ``DECIMAL(38, s)`` / ``DECIMAL(38, max(6, s))``, summed
 exactly (:mod:`~spark_changelog.model.decimals`).  A sum that does not fit its
-result type raises :class:`AggregateOverflow` (Flink wraps a BIGINT around
+result type raises :class:`AggregateOverflow` (Flink wraps an integer around
 and turns a DECIMAL into null; we never change a value silently).
 """
 from __future__ import annotations
@@ -72,7 +73,7 @@ class AggregateOverflow(ArithmeticError):
 
     def __init__(self, call: str, type_name: str, groups: np.ndarray, where: str = ""):
         super().__init__(f"{call} overflows {type_name}{where}: the result does not fit its "
-                         "type (Flink would wrap a BIGINT around or emit null for a DECIMAL; "
+                         "type (Flink would wrap an integer around or emit null for a DECIMAL; "
                          "we stop rather than change the value, docs/operators.md, \"DECIMAL\")")
         self.call, self.type_name, self.groups = call, type_name, groups
 
@@ -92,6 +93,8 @@ def _is_integer(t: pa.DataType) -> bool:
 
 #: a float sum of int64 values at least this large may have left the int64 range
 _INT64_SUSPECT = float(2 ** 62)
+#: Flink's names of the integer types
+_INTEGER_NAMES = {8: "TINYINT", 16: "SMALLINT", 32: "INT", 64: "BIGINT"}
 
 
 def _numeric_dtype(t: pa.DataType):
@@ -127,7 +130,8 @@ def nullable_result(values: np.ndarray, valid: np.ndarray, t: pa.DataType):
     """A pandas array of type ``t`` with nulls where ``~valid``."""
     valid = np.asarray(valid, dtype=bool)
     if pa.types.is_integer(t):
-        return pd.arrays.IntegerArray(np.where(valid, values, 0).astype(np.int64), ~valid)
+        return pd.arrays.IntegerArray(np.where(valid, values, 0).astype(t.to_pandas_dtype()),
+                                      ~valid)
     if pa.types.is_floating(t):
         return pd.arrays.FloatingArray(np.where(valid, values, 0).astype(np.float64), ~valid)
     out = np.asarray(values, dtype=object).copy()
@@ -236,8 +240,9 @@ class Count(CountStar):
 
 class Sum(Accumulator):
     """``SUM(col)``: the sum and the number of non-null values (null when none).
-    Integers are summed in int64 and a sum past its range raises
-    :class:`AggregateOverflow`; decimals are summed exactly (the state keeps
+    Integers are summed in int64 (the state's type) and the result keeps the
+    input's type, as in Flink (``SUM`` of INT is INT); a result past that
+    type's range raises :class:`AggregateOverflow`; decimals are summed exactly (the state keeps
     up to 76 digits) and a result past 38 digits raises it."""
 
     function = "SUM"
@@ -247,12 +252,13 @@ class Sum(Accumulator):
         t = self.input_type
         if decimals.is_decimal(t):
             return decimals.sum_type(t)
-        return pa.int64() if _is_integer(t) else pa.float64()
+        return t if _is_integer(t) else pa.float64()
 
     @property
     def scalar_fields(self):
         t = self.input_type
-        sum_state = decimals.state_sum_type(t) if decimals.is_decimal(t) else self.result_type
+        sum_state = (decimals.state_sum_type(t) if decimals.is_decimal(t)
+                     else pa.int64() if _is_integer(t) else self.result_type)
         return [pa.field(self.field("sum"), sum_state), pa.field(self.field("n"), pa.int64())]
 
     def update(self, acc, rows):
@@ -300,7 +306,18 @@ class Sum(Accumulator):
         s = acc.scalars[self.field("sum")]
         if decimals.is_decimal(self.input_type):
             return self._checked(s, valid)
+        if _is_integer(self.input_type) and self.input_type.bit_width < 64:
+            self._check_range(s, valid)
         return nullable_result(s, valid, self.result_type)
+
+    def _check_range(self, values: np.ndarray, valid: np.ndarray) -> None:
+        """A group whose int64 sum is outside the result type (INT,
+        SMALLINT, TINYINT) raises :class:`AggregateOverflow`."""
+        info = np.iinfo(self.result_type.to_pandas_dtype())
+        bad = np.flatnonzero(valid & ((values < info.min) | (values > info.max)))
+        if len(bad):
+            raise AggregateOverflow(repr(self).split(" AS ")[0],
+                                    _INTEGER_NAMES[self.result_type.bit_width], bad)
 
 
 class Avg(Sum):
