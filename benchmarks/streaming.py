@@ -49,23 +49,34 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class TreeCpu:
-    """CPU seconds of this process's descendants (the job process, its JVM,
-    the Python workers) while the block runs: each process's last CPU time
-    read from /proc every 0.2 s, so workers that exit before the JVM count
-    too.  Steadier than wall time on a shared machine."""
+    """CPU seconds and peak memory of this process's descendants (the job
+    process, its JVM, the Python workers) while the block runs: each
+    process's last CPU time read from /proc every 0.2 s, so workers that exit
+    before the JVM count too, and the largest sum of their resident set
+    sizes seen at one poll (``peak_rss``, bytes).  CPU is steadier than wall
+    time on a shared machine."""
 
     def __enter__(self):
         self.seen: dict = {}
+        self.peak_rss = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True)
         self._thread.start()
         return self
 
     def _poll(self):
+        page = os.sysconf("SC_PAGE_SIZE")
         while not self._stop.wait(0.2):
             procs = process_cpu()
+            rss = 0
             for pid in descendants(procs, os.getpid()):
                 self.seen[pid] = max(self.seen.get(pid, 0.0), procs[pid][1])
+                try:
+                    with open(f"/proc/{pid}/statm") as fh:
+                        rss += int(fh.read().split()[1]) * page
+                except OSError:
+                    pass
+            self.peak_rss = max(self.peak_rss, rss)
 
     def __exit__(self, *exc):
         self._stop.set()

@@ -1,17 +1,13 @@
-"""Benchmark: whole jobs, ours against Apache Flink 2.3 on the same files.
+"""The benchmark suite's jobs (``benchmarks/suite.py``): each workload as ONE
+Flink SQL query, run by ours and by Apache Flink 2.3 on the same files.
 
-    scripts/bench vs-flink [--events 1000000] [--ids 100000] [--files 4]
-                           [--jobs normalize,materializer,join,aggregate,dedup] [--ours-mode batch|streaming]
-                           [--no-check] [--flink-python /work/flink-venv/bin/python]
-
-Inputs: the Debezium JSON change files of ``benchmarks/whole_job.py`` (its
-generator and its cache directory: ``id BIGINT, g BIGINT, v BIGINT``, about
-17% creates, 74% updates, 8% deletes, each id's history in one file in log
-order).  The join reads two such file sets of ``--events / 2`` events each over
-the same ids (seeds 7 and 11).
-
-Every job is ONE Flink SQL query, the same text for both engines; only the
-``WITH`` options of the tables and a few engine settings differ:
+Inputs (:func:`ensure_inputs`, cached): the Debezium JSON change files of
+``benchmarks/whole_job.py`` (``id BIGINT, g BIGINT, v BIGINT``, about 17%
+creates, 74% updates, 8% deletes, each id's history in one file in log
+order); for the join two such sets of ``events / 2`` events over the same ids
+(seeds 7 and 11); insert-only JSON lines for the deduplication; clicks for
+the window.  Only the tables' ``WITH`` options and a few engine settings
+differ between the engines:
 
 * ``normalize``: ``INSERT INTO t SELECT id, g, v FROM s``, sink keyed by ``id``
   (keep last per key; Flink: ``table.exec.source.cdc-events-duplicate`` =
@@ -24,32 +20,30 @@ Every job is ONE Flink SQL query, the same text for both engines; only the
 * ``aggregate``: ``SELECT g, COUNT(*), SUM(v), MIN(v) FROM s GROUP BY g``
   (group aggregation with retraction), sink keyed by ``g``;
 * ``dedup``: keep-last deduplication (``ROW_NUMBER() OVER (PARTITION BY id
-  ORDER BY pt DESC) = 1``, ``pt AS PROCTIME()``) over ``--events`` insert-only
-  JSON lines (``id, g, v`` and an ``op`` column ``+I``) over the same ids,
-  each id's rows in one file; sink keyed by ``id``.
+  ORDER BY pt DESC) = 1``, ``pt AS PROCTIME()``) over insert-only JSON lines
+  (``id, g, v`` and an ``op`` column ``+I``) over the same ids, each id's rows
+  in one file; sink keyed by ``id``;
+* ``windows``: ``TUMBLE`` of one minute, ``COUNT(DISTINCT u)``, over clicks
+  with a 10 s watermark bound;
+* :func:`scan_job`: a job's sources alone into ``blackhole``, the scan-only
+  ceiling.
 
-Each engine runs each job as its own process, one after the other (never two
-at once):
+Each engine runs a job as its own process:
 
-* ours: what ``spark-changelog run job.sql --batch`` (or ``--checkpoint``
-  with ``--ours-mode streaming``) does, into a Delta table: the user's path,
-  JVM start and imports included.  Like Flink's, the process runs the job
-  twice (the second into another table): "whole" is the process start to the
-  end of the first job, "warm" the second job alone;
-* Flink: PyFlink's ``TableEnvironment`` (streaming mode, parallelism 2, heap
-  state) from the Flink venv, ``filesystem`` source with ``format =
-  'debezium-json'`` (``dedup``: ``json``), into a ``blackhole`` sink.  The process runs the job
-  twice: "whole" is the time from the process start to the end of the first
-  job (JVM start included, JVM shutdown not), "warm" is the second job alone
-  (the figure issues #9 and #11 quote).
+* ours (:func:`run_ours`): what ``spark-changelog run job.sql --batch`` (or
+  ``--checkpoint``: streaming, one available-now run from empty state) does,
+  into a Delta table or ``blackhole``: the user's path, JVM start and imports
+  included.  Like Flink's, the process runs the job twice (the second into
+  another table and checkpoint): "whole" is the process start to the end of
+  the first job, "warm" the second job alone;
+* Flink (:func:`run_flink`): PyFlink's ``TableEnvironment`` (streaming mode,
+  parallelism 2, heap state) from the Flink venv, ``filesystem`` source,
+  into a ``blackhole`` sink, the job twice likewise (JVM start included in
+  "whole", JVM shutdown not).
 
-The table gives three ratios of ours' rate to Flink's: whole process to whole
-process, warm job to warm job, and ours' whole process to Flink's warm job
-(the strictest, the one reported before ours' warm job was measured).
-
-Check (unless ``--no-check``): after its timed jobs, the Flink process runs
-``SELECT COUNT(*), SUM(col)... FROM (query)`` (mini-batch on, collected) and
-the final row is compared with the same numbers over our Delta table.  The
+Check: after its timed jobs, the Flink process runs ``SELECT COUNT(*),
+SUM(col)... FROM (query)`` (mini-batch on, collected) and the final row is
+compared with the same numbers over our Delta table.  The
 SinkUpsertMaterializer sits only in front of a sink, so for ``materializer``
 Flink's check covers the query's result, not its materializer.
 """
@@ -60,14 +54,13 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 FLINK_PYTHON = "/work/flink-venv/bin/python"
 sys.path.insert(0, HERE)
-from whole_job import cached_files, input_arguments, machine_load  # noqa: E402  (the whole-job benchmark's inputs)
+from whole_job import cached_files  # noqa: E402  (the whole-job benchmark's inputs)
 COLS = "id BIGINT, g BIGINT, v BIGINT"
 
 
@@ -106,22 +99,50 @@ def job_aggregate(inputs: dict) -> dict:
 
 
 def job_dedup(inputs: dict) -> dict:
-    return {"sources": {"s": inputs["insert_only"]}, "insert_only": True, "sink_cols": COLS, "sink_key": "id",
+    return {"sources": {"s": inputs["insert_only"]}, "source_kind": "insert_only", "sink_cols": COLS,
+            "sink_key": "id",
             "query": "SELECT id, g, v FROM (SELECT id, g, v, ROW_NUMBER() OVER (PARTITION BY id ORDER BY pt DESC)"
                      " AS rn FROM s) WHERE rn = 1",
             "flink_conf": {}, "ours_conf": {}}
 
 
+def job_windows(inputs: dict) -> dict:
+    """Tumbling one-minute ``COUNT(DISTINCT u)`` over clicks with a 10 s
+    bounded-out-of-orderness watermark (``benchmarks/windows.py``'s workload,
+    as SQL on JSON lines)."""
+    return {"sources": {"clicks": inputs["clicks"]}, "source_kind": "clicks",
+            "sink_cols": "window_start TIMESTAMP(3), window_end TIMESTAMP(3), users BIGINT",
+            "sink_key": "window_start, window_end", "check_cols": ["users"],
+            "query": "SELECT window_start, window_end, COUNT(DISTINCT u) AS users "
+                     "FROM TABLE(TUMBLE(TABLE clicks, DESCRIPTOR(rt), INTERVAL '1' MINUTE)) "
+                     "GROUP BY window_start, window_end",
+            "flink_conf": {}, "ours_conf": {}}
+
+
 JOBS = {"normalize": job_normalize, "materializer": job_materializer, "join": job_join,
-        "aggregate": job_aggregate, "dedup": job_dedup}
+        "aggregate": job_aggregate, "dedup": job_dedup, "windows": job_windows}
+
+
+def scan_job(job: dict) -> dict:
+    """The scan-only ceiling of ``job``: its sources read and discarded
+    (``blackhole``, no key, so no operator is planned on either engine).
+    A join's two sources are read by one ``UNION ALL``."""
+    cols = "u, t" if job.get("source_kind") == "clicks" else "id, g, v"
+    query = " UNION ALL ".join(f"SELECT {cols} FROM {name}" for name in job["sources"])
+    sink_cols = "u BIGINT, t BIGINT" if job.get("source_kind") == "clicks" else COLS
+    return {**job, "sink_cols": sink_cols, "sink_key": None, "query": query, "check_cols": [],
+            "flink_conf": {}, "ours_conf": {}}
 
 
 def source_ddl(job: dict, name: str, path: str, engine: str) -> str:
-    if not job.get("insert_only"):
+    kind = job.get("source_kind", "debezium")
+    if kind == "debezium":
         return (f"CREATE TEMPORARY TABLE {name} ({COLS}, PRIMARY KEY (id) NOT ENFORCED)\n"
                 f"  WITH ('connector' = 'filesystem', 'path' = '{path}', 'format' = 'debezium-json')")
     mode = ", 'changelog.mode' = 'insert-only'" if engine == "ours" else ""
-    return (f"CREATE TEMPORARY TABLE {name} ({COLS}, pt AS PROCTIME())\n"
+    cols = (f"{COLS}, pt AS PROCTIME()" if kind == "insert_only" else
+            "u BIGINT, t BIGINT, rt AS TO_TIMESTAMP_LTZ(t, 3), WATERMARK FOR rt AS rt - INTERVAL '10' SECOND")
+    return (f"CREATE TEMPORARY TABLE {name} ({cols})\n"
             f"  WITH ('connector' = 'filesystem', 'path' = '{path}', 'format' = 'json'{mode})")
 
 
@@ -129,35 +150,46 @@ def _col_names(cols: str) -> list[str]:
     return [c.strip().split()[0] for c in cols.split(",")]
 
 
+def check_columns(job: dict) -> list[str]:
+    """The columns whose sums fingerprint the final table (every sink column
+    unless the job names them: timestamps have no SUM)."""
+    return job["check_cols"] if "check_cols" in job else _col_names(job["sink_cols"])
+
+
 def check_sql(job: dict) -> str:
-    """The fingerprint of the final table: row count and the sum of every column."""
-    sums = ", ".join(f"SUM({c})" for c in _col_names(job["sink_cols"]))
-    return f"SELECT COUNT(*), {sums} FROM ({job['query']})"
+    """The fingerprint of the final table: row count and the sum of each checked column."""
+    sums = "".join(f", SUM({c})" for c in check_columns(job))
+    return f"SELECT COUNT(*){sums} FROM ({job['query']})"
 
 
 # --------------------------------------------------------------------------- ours
 
 
-def ours_script(job: dict, out: str) -> str:
+def sink_ddl(job: dict, connector: str) -> str:
+    """The sink table ``t``: ``connector`` is ``'delta', 'path' = ...`` or ``'blackhole'``."""
+    key = f", PRIMARY KEY ({job['sink_key']}) NOT ENFORCED" if job.get("sink_key") else ""
+    return f"CREATE TEMPORARY TABLE t ({job['sink_cols']}{key})\n  WITH ('connector' = {connector})"
+
+
+def ours_script(job: dict, out: str, sink: str = "delta") -> str:
     lines = [f"SET '{k}' = '{v}';" for k, v in job["ours_conf"].items()]
     for name, path in job["sources"].items():
         lines.append(source_ddl(job, name, path, "ours") + ";")
-    lines.append(f"CREATE TEMPORARY TABLE t ({job['sink_cols']}, PRIMARY KEY ({job['sink_key']}) NOT ENFORCED)\n"
-                 f"  WITH ('connector' = 'delta', 'path' = '{out}');")
+    lines.append(sink_ddl(job, f"'delta', 'path' = '{out}'" if sink == "delta" else "'blackhole'") + ";")
     lines.append(f"INSERT INTO t {job['query']};")
     return "\n".join(lines) + "\n"
 
 
-def run_ours(job: dict, work: str, mode: str, log: str) -> dict:
+def run_ours(job: dict, work: str, mode: str, log: str, sink: str = "delta") -> dict:
     """Ours as its own process, as ``spark-changelog run job.sql`` runs it
-    (:func:`ours_child`), the job twice; the fingerprint of the first run's
-    Delta table."""
+    (:func:`ours_child`), the job twice; with the ``delta`` sink, the
+    fingerprint of the first run's Delta table (``blackhole``: none)."""
     out = os.path.join(work, "ours-out")
     script = os.path.join(work, "job.sql")
     with open(script, "w") as fh:
-        fh.write(ours_script(job, out))
+        fh.write(ours_script(job, out, sink))
     with open(os.path.join(work, "job-warm.sql"), "w") as fh:
-        fh.write(ours_script(job, out + "-warm"))
+        fh.write(ours_script(job, out + "-warm", sink))
     spec = os.path.join(work, "ours-job.json")
     with open(spec, "w") as fh:
         json.dump({"work": work, "mode": mode}, fh)
@@ -176,7 +208,8 @@ def run_ours(job: dict, work: str, mode: str, log: str) -> dict:
         subprocess.run(explain, env=env, stdout=fh, stderr=subprocess.DEVNULL)
     result["whole"] = result["process_start_to_first_job_end"] + _python_start_overhead(sys.executable)
     result["process_total"] = whole_with_exit
-    result["check"] = delta_fingerprint(out, _col_names(job["sink_cols"]))
+    if sink == "delta":
+        result["check"] = delta_fingerprint(out, check_columns(job))
     return result
 
 
@@ -207,6 +240,8 @@ def ours_child(spec_path: str) -> None:
 
 def delta_fingerprint(path: str, cols: list[str]) -> list[int]:
     from deltalake import DeltaTable
+    if not DeltaTable.is_deltatable(path):      # a job that emitted nothing
+        return [0] + [0 for _ in cols]
     df = DeltaTable(path).to_pandas()
     return [len(df)] + [int(df[c].astype("int64").sum()) for c in cols]
 
@@ -229,8 +264,7 @@ def flink_child(spec_path: str) -> None:
         conf.set(k, v)
     for name, path in job["sources"].items():
         te.execute_sql(source_ddl(job, name, path, "flink"))
-    te.execute_sql(f"CREATE TEMPORARY TABLE t ({job['sink_cols']}, PRIMARY KEY ({job['sink_key']}) NOT ENFORCED) "
-                   f"WITH ('connector' = 'blackhole')")
+    te.execute_sql(sink_ddl(job, "'blackhole'"))
     insert = f"INSERT INTO t {job['query']}"
     result = {"plan": te.explain_sql(insert).split("== Optimized Execution Plan ==")[-1].strip()}
     t = time.time()
@@ -240,7 +274,7 @@ def flink_child(spec_path: str) -> None:
     t = time.time()
     te.execute_sql(insert).wait()
     result["warm_job"] = time.time() - t
-    if spec["check"]:
+    if spec["check"] and job.get("check_cols") != []:
         conf.set("table.exec.mini-batch.enabled", "true")
         conf.set("table.exec.mini-batch.allow-latency", "1 s")
         conf.set("table.exec.mini-batch.size", "10000")
@@ -291,10 +325,14 @@ def ensure_inputs(events: int, ids: int, files: int, cache: str) -> dict:
     if not os.path.isdir(plain):
         generate_insert_only(plain + ".tmp", events, ids, files)
         os.replace(plain + ".tmp", plain)
+    clicks = os.path.join(cache, f"clicks-{events}-{ids}-{files}")
+    if not os.path.isdir(clicks):
+        generate_clicks(clicks + ".tmp", events, max(ids // 10, 100), files)
+        os.replace(clicks + ".tmp", clicks)
     return {"main": cached_files(cache, events, ids, files),
             "left": cached_files(cache, events // 2, ids, files),
             "right": cached_files(cache, events // 2, ids, files, seed=11),
-            "insert_only": plain}
+            "insert_only": plain, "clicks": clicks}
 
 
 def generate_insert_only(directory: str, events: int, ids: int, files: int, seed: int = 7) -> None:
@@ -313,58 +351,35 @@ def generate_insert_only(directory: str, events: int, ids: int, files: int, seed
             fh.writelines(f'{{"id":{k},"g":{g},"v":{v},"op":"+I"}}\n' for k, g, v in zip(ks, gs, vs))
 
 
+def generate_clicks(directory: str, events: int, users: int, files: int, seed: int = 7) -> None:
+    """JSON lines ``{"u", "t", "op": "+I"}``: ``events`` clicks over ``users``
+    users, event time ``t`` (ms) advancing 60 ms per click (1000 per minute),
+    5% of them up to 9.9 s behind (within the watermark's 10 s bound, so no
+    row is late on either engine); the files split the run in time order."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    os.makedirs(directory)
+    t = 1_600_000_000_000 + np.arange(events, dtype=np.int64) * 60
+    behind = rng.random(events) < 0.05
+    t[behind] -= rng.integers(0, 9_900, int(behind.sum()))
+    us = rng.integers(0, users, events)
+    for f, part in enumerate(np.array_split(np.arange(events), files)):
+        with open(os.path.join(directory, f"part-{f}.json"), "w") as fh:
+            fh.writelines(f'{{"u":{us[i]},"t":{t[i]},"op":"+I"}}\n' for i in part)
+
+
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    input_arguments(ap)
-    ap.add_argument("--jobs", default=",".join(JOBS))
-    ap.add_argument("--ours-mode", choices=["batch", "streaming"], default="batch")
-    ap.add_argument("--no-check", action="store_true", help="skip the result comparison")
-    ap.add_argument("--flink-python", default=FLINK_PYTHON)
-    ap.add_argument("--flink-child", metavar="SPEC", help=argparse.SUPPRESS)
-    ap.add_argument("--ours-child", metavar="SPEC", help=argparse.SUPPRESS)
+    """The child processes of :func:`run_ours` and :func:`run_flink`."""
+    ap = argparse.ArgumentParser(description="a child process of the benchmark suite (benchmarks/suite.py)")
+    ap.add_argument("--flink-child", metavar="SPEC")
+    ap.add_argument("--ours-child", metavar="SPEC")
     args = ap.parse_args(argv)
     if args.flink_child:
         return flink_child(args.flink_child)
     if args.ours_child:
         return ours_child(args.ours_child)
-
-    inputs = ensure_inputs(args.events, args.ids, args.files, args.cache)
-    root = tempfile.mkdtemp(prefix="vs-flink-")
-    log = os.path.join(root, "jobs.log")
-    print(f"{args.events:,} Debezium events over {args.ids:,} ids in {args.files} files; ours: {args.ours_mode}; "
-          f"Flink 2.3: streaming, parallelism 2, blackhole sink; load {machine_load()} at start; logs: {log}")
-    rows = []
-    for name in args.jobs.split(","):
-        job = JOBS[name](inputs)
-        work = os.path.join(root, name)
-        os.makedirs(work)
-        load_before = machine_load()
-        ours = run_ours(job, work, args.ours_mode, log)
-        flink = run_flink(job, work, not args.no_check, args.flink_python, log)
-        agree = "not compared" if args.no_check else ("yes" if ours["check"] == flink["check"] else
-                                                       f"NO: ours {ours['check']} Flink {flink['check']}")
-        row = {"job": name, "ours": ours["whole"], "ours_warm": ours["warm_job"], "flink_whole": flink["whole"],
-               "flink_warm": flink["warm_job"], "agree": agree, "load": f"{load_before}/{machine_load()}"}
-        rows.append(row)
-        print(f"  {name}: ours whole {row['ours']:.1f} s, warm job {row['ours_warm']:.1f} s; Flink whole "
-              f"{row['flink_whole']:.1f} s, warm job {row['flink_warm']:.1f} s; results agree: {agree} "
-              f"(load {row['load']})", flush=True)
-        with open(os.path.join(work, "flink-plan.txt"), "w") as fh:
-            fh.write(flink["plan"] + "\n")
-        with open(os.path.join(work, "times.json"), "w") as fh:
-            json.dump({"ours": ours, "flink": {k: v for k, v in flink.items() if k != "plan"}}, fh, indent=1)
-    n = args.events
-    print()
-    print("| job | ours whole / warm | Flink whole / warm | ours events/s (whole / warm) | "
-          "Flink events/s (whole / warm) | ours/Flink rate: whole/whole, warm/warm, whole/warm | same result | load |")
-    print("|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['job']} | {r['ours']:.1f} s / {r['ours_warm']:.1f} s | {r['flink_whole']:.1f} s / "
-              f"{r['flink_warm']:.1f} s | {n / r['ours'] / 1e3:.0f}k / {n / r['ours_warm'] / 1e3:.0f}k | "
-              f"{n / r['flink_whole'] / 1e3:.0f}k / {n / r['flink_warm'] / 1e3:.0f}k | "
-              f"{r['flink_whole'] / r['ours']:.0%}, {r['flink_warm'] / r['ours_warm']:.0%}, "
-              f"{r['flink_warm'] / r['ours']:.0%} | {r['agree']} | {r['load']} |")
-    print(f"\nload average at end {machine_load()}; plans (ours-plan.txt, flink-plan.txt) and job logs under {root}")
+    ap.error("run the suite instead: scripts/bench suite [--only normalize,...]")
 
 
 if __name__ == "__main__":
