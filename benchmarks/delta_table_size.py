@@ -1,0 +1,120 @@
+"""Benchmark: the Delta upsert sink's time per micro-batch against the
+table's size (docs/sinks.md, "Speed").
+
+    scripts/bench delta-table-size [--tables 100000,1000000,10000000] [--batch 100000]
+                                   [--shapes new_keys,recent_keys,random_updates] [--repeat 3]
+
+For each table size T a table of T rows (id 0..T-1, a 40-character name, a
+score) is written by the sink itself (its first batch: an append into the
+empty table), ``optimize()``d (clustered by the key, as the sink's policy
+recommends), then the same-sized batches of each shape are committed by
+``DeltaUpsertSink.write_arrow_batch`` (the sink's whole path: net change per
+key, decision, commit with the batch id), each on a fresh copy of the table:
+
+* ``new_keys``: B inserts of keys above the table's (a growing key: orders,
+  events);
+* ``recent_keys``: B updates of the table's newest keys (key-local updates);
+* ``random_updates``: B updates of keys drawn uniformly over the table.
+
+The issue's bar: time per batch grows by less than 2x from the smallest to
+the largest table.  Printed and written to
+``benchmarks/results/delta-table-size-<UTC time>.json`` with the machine's load.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+
+def rows(ids, kind: int, seq0: int):
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    ids = pa.array(np.asarray(ids, dtype=np.int64))
+    names = pc.utf8_slice_codeunits(pc.binary_join_element_wise(
+        pc.cast(ids, pa.string()), pa.scalar("-abcdefghijklmnopqrstuvwxyz0123456789abcdef"), ""), 0, 40)
+    return pa.table({"id": ids, "name": names, "score": pc.multiply(ids, 3),
+                     "_kind": pa.array(np.full(len(ids), kind, dtype=np.int8)),
+                     "_seq": pa.array(np.arange(seq0, seq0 + len(ids), dtype=np.int64))})
+
+
+def batch_ids(shape: str, table_rows: int, batch: int):
+    import numpy as np
+    if shape == "new_keys":
+        return np.arange(table_rows, table_rows + batch)
+    if shape == "recent_keys":
+        return np.arange(table_rows - batch, table_rows)
+    return np.sort(np.random.default_rng(7).choice(table_rows, size=batch, replace=False))
+
+
+def main() -> None:
+    import pyarrow as pa
+
+    from spark_changelog.sinks.delta import DeltaUpsertSink
+    from whole_job import machine_load
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tables", default="100000,1000000,10000000")
+    ap.add_argument("--batch", type=int, default=100_000)
+    ap.add_argument("--shapes", default="new_keys,recent_keys,random_updates")
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    schema = pa.schema([("id", pa.int64()), ("name", pa.string()), ("score", pa.int64())])
+    work = tempfile.mkdtemp(prefix="delta-table-size-")
+    results = []
+    try:
+        for table_rows in (int(t) for t in args.tables.split(",")):
+            base = os.path.join(work, f"base-{table_rows}")
+            t = time.perf_counter()
+            sink = DeltaUpsertSink(base, ["id"], schema)
+            sink.write_arrow_batch(rows(range(table_rows), 0, 0), query_id="load", batch_id=0)
+            sink.optimize()
+            print(f"table of {table_rows:,} rows written and optimized in {time.perf_counter() - t:.1f} s",
+                  flush=True)
+            for shape in args.shapes.split(","):
+                kind = 0 if shape == "new_keys" else 2
+                secs, writes = [], set()
+                for r in range(args.repeat):
+                    path = os.path.join(work, f"run-{table_rows}-{shape}-{r}")
+                    shutil.copytree(base, path)
+                    s = DeltaUpsertSink(path, ["id"], schema)
+                    b = rows(batch_ids(shape, table_rows, args.batch), kind, table_rows + 1)
+                    load = machine_load()
+                    t = time.perf_counter()
+                    out = s.write_arrow_batch(b, query_id="bench", batch_id=r)
+                    secs.append(time.perf_counter() - t)
+                    writes.add(out.get("write"))
+                    shutil.rmtree(path)
+                res = {"table_rows": table_rows, "batch_rows": args.batch, "shape": shape,
+                       "seconds": [round(x, 3) for x in secs], "median_s": round(statistics.median(secs), 3),
+                       "write": sorted(w for w in writes if w), "load": load}
+                print(json.dumps(res), flush=True)
+                results.append(res)
+            shutil.rmtree(base)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    by = {(r["shape"], r["table_rows"]): r["median_s"] for r in results}
+    sizes = sorted({r["table_rows"] for r in results})
+    growth = {shape: round(by[(shape, sizes[-1])] / by[(shape, sizes[0])], 2)
+              for shape in args.shapes.split(",") if len(sizes) > 1}
+    print(f"growth of the time per batch from {sizes[0]:,} to {sizes[-1]:,} rows: {growth} (bar: < 2)")
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H%M%S+0000")
+    path = os.path.join(ROOT, "benchmarks", "results", f"delta-table-size-{stamp}.json")
+    with open(path, "w") as f:
+        json.dump({"benchmark": "delta-table-size", "results": results, "growth": growth}, f, indent=1)
+    print(f"results: {path}")
+
+
+if __name__ == "__main__":
+    main()
