@@ -180,10 +180,12 @@ def ours_script(job: dict, out: str, sink: str = "delta") -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_ours(job: dict, work: str, mode: str, log: str, sink: str = "delta") -> dict:
+def run_ours(job: dict, work: str, mode: str, log: str, sink: str = "delta", explain: bool = False) -> dict:
     """Ours as its own process, as ``spark-changelog run job.sql`` runs it
     (:func:`ours_child`), the job twice; with the ``delta`` sink, the
-    fingerprint of the first run's Delta table (``blackhole``: none)."""
+    fingerprint of the first run's Delta table (``blackhole``: none).
+    ``explain``: also write ``ours-plan.txt`` (one more process: a JVM start
+    the caller's measurement would count)."""
     out = os.path.join(work, "ours-out")
     script = os.path.join(work, "job.sql")
     with open(script, "w") as fh:
@@ -203,9 +205,10 @@ def run_ours(job: dict, work: str, mode: str, log: str, sink: str = "delta") -> 
     if proc.returncode or not lines:
         raise SystemExit(f"ours failed ({proc.returncode}); see {log}\n{proc.stdout[-2000:]}")
     result = json.loads(lines[-1][len("RESULT "):])
-    explain = [sys.executable, "-m", "spark_changelog.cli", "explain", script] + (["--batch"] if mode == "batch" else [])
-    with open(os.path.join(work, "ours-plan.txt"), "w") as fh:
-        subprocess.run(explain, env=env, stdout=fh, stderr=subprocess.DEVNULL)
+    if explain:
+        cmd = [sys.executable, "-m", "spark_changelog.cli", "explain", script] + (["--batch"] if mode == "batch" else [])
+        with open(os.path.join(work, "ours-plan.txt"), "w") as fh:
+            subprocess.run(cmd, env=env, stdout=fh, stderr=subprocess.DEVNULL)
     result["whole"] = result["process_start_to_first_job_end"] + _python_start_overhead(sys.executable)
     result["process_total"] = whole_with_exit
     if sink == "delta":
