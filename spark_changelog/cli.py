@@ -148,6 +148,21 @@ def cmd_cat(args) -> int:
     return 0
 
 
+def cmd_compact(args) -> int:
+    """Compact an upsert table, optionally vacuum it (docs/sinks.md, "Compaction and vacuum")."""
+    from .runtime.paths import delta_table_problem
+    from .sinks.delta import compact_table
+    problem = delta_table_problem(args.table)
+    if problem:
+        raise PathError(f"cannot compact table: {problem}",
+                        todo="give the directory of a table written by spark-changelog")
+    out = compact_table(args.table, vacuum_hours=args.vacuum_hours)
+    print(f"compacted {args.table}: {out['files_removed']} file(s) rewritten as {out['files_added']}"
+          + (f"; vacuum: {out['vacuumed']} unreferenced file(s) older than {args.vacuum_hours} h deleted"
+             if args.vacuum_hours is not None else ""))
+    return 0
+
+
 def cmd_demo(args) -> int:
     from .demo import run_demo
     return run_demo(args.output, rows=args.rows, keys=args.keys, streaming=not args.batch)
@@ -244,6 +259,13 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("table")
     c.add_argument("--format", default="csv", choices=["csv", "json"])
     c.set_defaults(func=cmd_cat)
+
+    o = sub.add_parser("compact", help="compact an upsert table and cluster it by its key "
+                                       "(run it between micro-batches or beside the query)")
+    o.add_argument("table")
+    o.add_argument("--vacuum-hours", type=int, default=None, metavar="H",
+                   help="then delete data files no version of the last H hours references")
+    o.set_defaults(func=cmd_compact)
 
     d = sub.add_parser("demo", help="the embedded default job: an out-of-order Debezium changelog "
                                     "normalized into a Delta table")

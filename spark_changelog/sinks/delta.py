@@ -87,8 +87,8 @@ _QUERY_ID_META = "spark_changelog.query_id"
 #: appends tried before a MERGE when other commits keep taking the next version
 _APPEND_ATTEMPTS = 3
 
-__all__ = ["DeltaUpsertSink", "DeltaSinkSchemaError", "PRIMARY_KEY_PROPERTY", "read_table",
-           "table_key"]
+__all__ = ["DeltaUpsertSink", "DeltaSinkSchemaError", "PRIMARY_KEY_PROPERTY", "compact_table",
+           "read_table", "table_key"]
 
 
 class DeltaSinkSchemaError(ValueError):
@@ -162,6 +162,30 @@ def read_arrow_table(path: "str | os.PathLike", storage_options: Optional[dict] 
     if key:
         tbl = tbl.sort_by([(k, "ascending") for k in key])
     return tbl
+
+
+def compact_table(path: "str | os.PathLike", *, vacuum_hours: Optional[int] = None,
+                  storage_options: Optional[dict] = None) -> dict:
+    """Compact an upsert table and cluster it by its primary key (``z_order``
+    on the recorded key; docs/sinks.md, "Compaction and vacuum"): one commit
+    that rewrites files with the same rows (no batch id; a running query's
+    appends still see itself as the only writer).  With ``vacuum_hours``, then
+    delete the data files no version newer than that many hours references
+    (a reader of an older version, or time travel to it, fails after).
+    -> ``{"files_removed", "files_added", "vacuumed"}``."""
+    dt = _open(os.fspath(path), storage_options)
+    key = _recorded_key(dt)
+    if not key:
+        raise DeltaSinkSchemaError(f"Delta table at {os.fspath(path)!r} has no primary key recorded "
+                                   f"(table property {PRIMARY_KEY_PROPERTY!r}): not an upsert table")
+    metrics = dt.optimize.z_order(list(key))
+    vacuumed: list = []
+    if vacuum_hours is not None:
+        dt.update_incremental()
+        # the hours are the caller's choice: below the table's retention too
+        vacuumed = dt.vacuum(retention_hours=int(vacuum_hours), dry_run=False, enforce_retention_duration=False)
+    return {"files_removed": int(metrics.get("numFilesRemoved", 0)),
+            "files_added": int(metrics.get("numFilesAdded", 0)), "vacuumed": len(vacuumed)}
 
 
 class DeltaUpsertSink(UpsertSink):
