@@ -57,7 +57,8 @@ def _as_user_error(err: BaseException) -> UserError:
         return _SqlUserError(err)
     if isinstance(err, KeyboardInterrupt):
         return Interrupted("stopped by Ctrl-C", where=where)
-    for sort in (_sort_ours, _sort_spark, _sort_py4j, _sort_delta, _sort_postgres, _sort_os):
+    for sort in (_sort_ours, _sort_file_type, _sort_spark, _sort_py4j, _sort_delta,
+                 _sort_postgres, _sort_os):
         found = sort(err, where, facts)
         if found is not None:
             return found
@@ -131,6 +132,25 @@ _SPARK_CLASSES = {
 _CHECKPOINT_CLASSES = ("STREAMING_STATEFUL_OPERATOR_NOT_MATCH_IN_STATE_METADATA",
                        "STATE_STORE_", "STREAMING_STATE_SCHEMA", "STATEFUL_PROCESSOR_",
                        "CANNOT_LOAD_STATE_STORE", "STDS_")
+
+
+_PARQUET_MISMATCH = re.compile(
+    r"reading file (?:file:(?://)?)?(\S+?)\. Data type mismatches when reading Parquet column "
+    r"\[([^\]]+)\]\. Expected Spark type (\S+?), actual Parquet type (\S+?)\.")
+
+
+def _sort_file_type(err, where, facts) -> Optional[UserError]:
+    """A Parquet file whose column cannot be read as the declared type (a
+    DECIMAL narrower than the file's; integer and FLOAT columns are read
+    wide and checked value by value, docs/runtime.md "Typed files")."""
+    m = _PARQUET_MISMATCH.search(str(err))
+    if m is None:
+        return None
+    path, column, declared, physical = m.groups()
+    return UserError(f"{path}: column '{column}' is stored as {physical} in the file and cannot "
+                     f"be read as the table's {declared.upper()} without changing values",
+                     where=where, todo="declare the column with the file's type (or a wider "
+                                       "one) and CAST in the query if needed")
 
 
 def _spark_condition(err) -> Optional[str]:

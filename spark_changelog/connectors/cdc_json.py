@@ -819,10 +819,15 @@ def struct_field(struct: Sql, name: str) -> Sql:
     return f"{struct}.{ident(name)}"
 
 
-def _type_text(dtype: T.DataType) -> str:
+def type_article(dtype: T.DataType) -> str:
+    """``an INT``, ``a BIGINT``: the type's Flink name with its article."""
     label = type_label(dtype)
+    return f"{'an' if label[0] in 'AEIOU' else 'a'} {label}"
+
+
+def _type_text(dtype: T.DataType) -> str:
     hint = " (expected an ISO-8601 string)" if isinstance(dtype, _TEMPORAL) else ""
-    return f"{'an' if label[0] in 'AEIOU' else 'a'} {label}{hint}"
+    return type_article(dtype) + hint
 
 
 def image_errors(raw: Sql, typed: Sql, schema: T.StructType, primary_key: Sequence[str], where: Sql,

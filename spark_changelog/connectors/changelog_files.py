@@ -209,11 +209,47 @@ def _row_number(fmt: str) -> Sql:
     return "(monotonically_increasing_id() & 8589934591) + 1"
 
 
+#: integer types read as BIGINT, FLOAT as DOUBLE, then checked (:func:`_narrowed`)
+_NARROW_INTEGERS = (T.ByteType, T.ShortType, T.IntegerType)
+
+
+def _read_type(dtype: T.DataType) -> T.DataType:
+    """The type a typed file's column is read as: an integer column as
+    BIGINT and a FLOAT as DOUBLE, so a file with a wider physical type than
+    the declared one (an int64 file for an INT column, a double file for a
+    FLOAT) is read whole and checked, instead of being refused by Spark's
+    reader or, for an int32 file and a SMALLINT column, silently wrapped."""
+    if isinstance(dtype, _NARROW_INTEGERS):
+        return T.LongType()
+    if isinstance(dtype, T.FloatType):
+        return T.DoubleType()
+    return dtype
+
+
+def _narrowed(name: str, dtype: T.DataType) -> tuple[Sql, Sql]:
+    """(the value in its declared type or NULL, its error or NULL) of a
+    column read by :func:`_read_type`: a value that does not fit, or a
+    DOUBLE that a FLOAT would round, is an error naming the field (docs/
+    runtime.md, "Typed files"), never wrapped or rounded."""
+    col = ident(name)
+    if isinstance(dtype, _NARROW_INTEGERS):
+        bits = {T.ByteType: 8, T.ShortType: 16, T.IntegerType: 32}[type(dtype)]
+        fits = f"{col} BETWEEN {-(1 << bits - 1)} AND {(1 << bits - 1) - 1}"
+    elif isinstance(dtype, T.FloatType):
+        fits = f"(isnan({col}) OR CAST(CAST({col} AS FLOAT) AS DOUBLE) = {col})"
+    else:
+        return col, "NULL"
+    value = f"CASE WHEN {fits} THEN CAST({col} AS {dtype.simpleString()}) END"
+    error = (f"CASE WHEN {col} IS NOT NULL AND NOT {fits} THEN "
+             f"{concat(lit(f'field {name!r}: value '), f'CAST({col} AS STRING)', lit(f' is not {C.type_article(dtype)} (in record)'))} END")
+    return value, error
+
+
 def _parse_typed(ctx: C.ReadContext) -> DataFrame:
     """Parquet and Avro files: typed columns read by Spark's data source."""
     schema, key = ctx.schema, ctx.primary_key
     file_schema = T.StructType(
-        list(schema.fields)
+        [T.StructField(f.name, _read_type(f.dataType), f.nullable) for f in schema.fields]
         + ([T.StructField(ctx.kind_column, T.StringType())] if ctx.kind_column else [])
         + ([T.StructField(ctx.seq_column, T.LongType())] if ctx.seq_column else []))
     fmt = ctx.changelog_file_format
@@ -228,7 +264,8 @@ def _parse_typed(ctx: C.ReadContext) -> DataFrame:
         paths = [ctx.path] if isinstance(ctx.path, str) else list(ctx.path)
         rows = ctx.spark.read.schema(file_schema).format(fmt).load(paths)
     data = ", ".join(ident(f.name) for f in file_schema.fields)
-    typed = "named_struct(" + ", ".join(f"{lit(c)}, {ident(c)}" for c in ctx.columns) + ")"
+    narrowed = {f.name: _narrowed(f.name, f.dataType) for f in schema.fields}
+    typed = "named_struct(" + ", ".join(f"{lit(c)}, {narrowed[c][0]}" for c in ctx.columns) + ")"
     seq_col = ctx.seq_column
     df = rows.selectExpr(
         "_metadata.file_path AS file",
@@ -242,7 +279,9 @@ def _parse_typed(ctx: C.ReadContext) -> DataFrame:
         f"{ident(seq_col) if seq_col else 'CAST(NULL AS BIGINT)'} AS _seq_value",
         f"{ident(seq_col) + ' IS NOT NULL' if seq_col else 'false'} AS _seq_present",
         "CAST(NULL AS STRING) AS _seq_error",
+        f"{C.errors_array(e for _, e in narrowed.values() if e != 'NULL')} AS _value_errors",
     )
     pk_errors = [when((f"{C.struct_field('_typed', k)} IS NULL",
                        lit(f"field '{k}': primary key is missing or null (in record)"))) for k in key]
-    return _finish_rows(C.stage(df, _record_errors=C.errors_array(pk_errors)), ctx)
+    return _finish_rows(C.stage(df, _record_errors=f"concat(_value_errors, "
+                                                     f"{C.errors_array(pk_errors)})"), ctx)

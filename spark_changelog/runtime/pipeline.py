@@ -573,9 +573,11 @@ class BatchHandler:
         data, payloads = split_side_rows(batch)
         data, rejects = split_null_keys_arrow(data, self.key, self.table_name)
         record = self._side_rows(payloads, rejects, batch_id)
-        if self.changelog is not None:
-            self.changelog.write_batch(data.to_pandas(), batch_id=batch_id, query_id=query_id)
-        result = self.sink.write_arrow_batch(data, query_id=query_id, batch_id=batch_id)
+        from .session import native_stderr_to_log
+        with native_stderr_to_log():
+            if self.changelog is not None:
+                self.changelog.write_batch(data.to_pandas(), batch_id=batch_id, query_id=query_id)
+            result = self.sink.write_arrow_batch(data, query_id=query_id, batch_id=batch_id)
         return self._with_result(record, result, data.num_rows)
 
     def handle_distributed(self, df, batch_id: int, query_id: str) -> dict:

@@ -27,6 +27,10 @@ DEFAULT_CONFIGS = {
     # "Expressions and functions").  Spark 4's default, set against a
     # cluster's defaults that turn it off
     "spark.sql.ansi.enabled": "true",
+    # An integer literal in DECIMAL arithmetic is typed as Flink types it (INT
+    # is DECIMAL(10, 0)), not by its digits: CAST(x AS DECIMAL(5, 1)) / 2 is
+    # DECIMAL(16, 12) in both (statements.json C2); Spark's default gave (10, 6)
+    "spark.sql.legacy.literal.pickMinimumPrecision": "false",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
@@ -80,6 +84,31 @@ def spark_log_path() -> str:
     ``$SPARK_CHANGELOG_LOG``, else ``<tmp>/spark-changelog.log``."""
     return os.environ.get("SPARK_CHANGELOG_LOG") or os.path.join(tempfile.gettempdir(),
                                                                  "spark-changelog.log")
+
+
+@contextlib.contextmanager
+def native_stderr_to_log():
+    """While a sink writes, file descriptor 2 points at the log file: a
+    native library's own lines (deltalake's Rust runtime prints a panic line
+    when the disk fills up mid-write, before its error reaches us) go there,
+    not on the user's terminal; the error itself is reported as one message
+    (docs/errors.md).  Python's ``sys.stderr`` is flushed first, so nothing
+    written before moves."""
+    try:
+        fd = os.open(spark_log_path(), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    except OSError:
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        os.dup2(fd, 2)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(fd)
 
 
 @contextlib.contextmanager

@@ -46,7 +46,8 @@ class PrintSink(UpsertSink):
         kinds = rows.column(KIND_COL).to_pylist()
         if any(k not in (0, 1, 2, 3) for k in kinds):
             check_kinds(rows.select([KIND_COL]).to_pandas(), batch_id)
-        columns = [[flink_text(v) for v in rows.column(c).to_pylist()] for c in data]
+        columns = [[flink_text(v, rows.column(c).type) for v in rows.column(c).to_pylist()]
+                   for c in data]
         lines = [f"{prefix}{RowKind(k).short}[{', '.join(vals)}]"
                  for k, vals in zip(kinds, zip(*columns) if columns else [()] * len(kinds))]
         if lines:

@@ -11,6 +11,7 @@ import datetime
 import decimal
 import json
 import math
+from typing import Optional
 
 import numpy as np
 import pandas as pd
@@ -48,7 +49,7 @@ def _java_time(t: datetime.time) -> str:
     return text
 
 
-def flink_text(v) -> str:
+def flink_text(v, t: Optional[pa.DataType] = None) -> str:
     """One value as Flink 2.3's ``print`` connector writes it (checked against
     a Flink run, ``tests/sinks/test_text.py``): ``null``, ``true``, integers
     as integers (never ``3.0``), DECIMAL as Java's ``BigDecimal.toString``
@@ -56,7 +57,10 @@ def flink_text(v) -> str:
     ``Double.toString``, TIMESTAMP as ``LocalDateTime.toString`` in UTC
     (``2024-01-02T10:00:00.500``), DATE ``2024-01-01``, TIME ``10:11:12``,
     BYTES as Java's signed byte list ``[0, -1]``, ARRAY ``[1, 2]``, MAP
-    ``{a=1}``, ROW ``+I[1, b]``."""
+    ``{a=1}`` (``{}`` when empty), ROW ``+I[1, b]``, nested as Flink nests
+    them (``[+I[1], +I[2]]``; ``statements.json`` P1).  ``t``: the value's
+    Arrow type, which tells an empty MAP from an empty ARRAY (both come as
+    an empty list); without it the value's Python form decides."""
     if v is None:
         return "null"
     if isinstance(v, bool):
@@ -76,11 +80,15 @@ def flink_text(v) -> str:
     if isinstance(v, bytes):
         return "[" + ", ".join(str(b - 256 if b > 127 else b) for b in v) + "]"
     if isinstance(v, list):
-        if v and isinstance(v[0], tuple):     # a MAP comes as (key, value) pairs
-            return "{" + ", ".join(f"{flink_text(k)}={flink_text(x)}" for k, x in v) + "}"
-        return "[" + ", ".join(flink_text(x) for x in v) + "]"
+        if (t is not None and pa.types.is_map(t)) or (t is None and v and isinstance(v[0], tuple)):
+            # a MAP comes as (key, value) pairs
+            kt, it = (t.key_type, t.item_type) if t is not None else (None, None)
+            return "{" + ", ".join(f"{flink_text(k, kt)}={flink_text(x, it)}" for k, x in v) + "}"
+        et = t.value_type if t is not None and pa.types.is_list(t) else None
+        return "[" + ", ".join(flink_text(x, et) for x in v) + "]"
     if isinstance(v, dict):                   # a ROW
-        return "+I[" + ", ".join(flink_text(x) for x in v.values()) + "]"
+        types = [f.type for f in t] if t is not None and pa.types.is_struct(t) else [None] * len(v)
+        return "+I[" + ", ".join(flink_text(x, ft) for x, ft in zip(v.values(), types)) + "]"
     return str(v)
 
 

@@ -148,14 +148,21 @@ def plan_insert(ctx: Context, tables: dict, ins: InsertDef,
             f"INSERT INTO {table.name}: the query has {len(rel.fields)} column(s) "
             f"({', '.join(f.name for f in rel.fields)}), the table takes {len(targets)} "
             f"({', '.join(targets)})", ins.position)
-    if ins.columns and len(targets) != len(physical):
-        missing = [c.name for c in physical if c.name not in targets]
-        raise ctx.error(f"INSERT INTO {table.name}: column(s) {missing} get no value "
-                        "(partial inserts are not supported)", ins.table_position)
+    # a column left out of the column list gets NULL, as in Flink, unless it
+    # cannot hold one (NOT NULL or a primary key column)
+    refused = [c.name for c in physical if c.name not in targets
+               and (not c.nullable or c.name in table.primary_key)]
+    if refused:
+        raise ctx.error(f"INSERT INTO {table.name}: column(s) {refused} get no value and do not "
+                        "take NULL (NOT NULL or primary key): list them", ins.table_position)
     types = column_types(rel.stream)
     named, identity = {}, True
     by_target = dict(zip(targets, rel.fields))
     for c in physical:
+        if c.name not in by_target:
+            named[c.name] = f"CAST(NULL AS {c.spark_type})"
+            identity = False
+            continue
         f = by_target[c.name]
         problem = sink_type_problem(c.name, types.get(f.column, "void"), c.spark_type, table.name)
         if problem:

@@ -330,6 +330,40 @@ def test_changelog_parquet_infers_user_columns(spark, tmp_path):
     assert res.invalid.first()["raw"] == '{"name":"x","op":"+I"}'
 
 
+def test_changelog_parquet_with_wider_file_types_checks_every_value(spark, tmp_path):
+    """Issue 21: an int64 file for INT and SMALLINT columns, a double file for
+    a FLOAT column: values that fit are read, the others are dead letters
+    naming the field (Spark's reader refuses the file, or wraps an int32 into
+    a SMALLINT).  A DECIMAL column narrower than the file's is Spark's error."""
+    d = tmp_path / "pq"
+    d.mkdir()
+    pq.write_table(pa.table({
+        "id": pa.array([1, 2, 3, 4, 5], pa.int64()),
+        "i": pa.array([7, 3_000_000_000, 7, 7, None], pa.int64()),
+        "s": pa.array([-32768, 1, 40_000, 1, 1], pa.int32()),
+        "f": pa.array([0.5, 0.5, 0.5, 0.1, float("nan")], pa.float64()),
+        "op": ["+I"] * 5}), d / "log-000001.parquet")
+    res = read_changes(spark, str(d), format="changelog", changelog_file_format="parquet",
+                       schema="id INT, i INT, s SMALLINT, f FLOAT", primary_key=["id"])
+    changes, invalid, _ = outputs(res)
+    assert [c[:4] + (str(c[4]),) for c in changes] == [
+        ("+I", 1, 7, -32768, "0.5"), ("+I", 5, None, 1, "NaN")]
+    assert invalid == [(2, "field 'i': value 3000000000 is not an INT (in record)"),
+                       (3, "field 's': value 40000 is not a SMALLINT (in record)"),
+                       (4, "field 'f': value 0.1 is not a FLOAT (in record)")]
+    pq.write_table(pa.table({"id": pa.array([1], pa.int64()), "op": ["+I"],
+                             "d": pa.array([Decimal("12345678901234.5678")], pa.decimal128(20, 4))}),
+                   d / "log-000001.parquet")
+    res = read_changes(spark, str(d), format="changelog", changelog_file_format="parquet",
+                       schema="id BIGINT, d DECIMAL(10, 2)", primary_key=["id"])
+    with pytest.raises(Exception) as e:
+        res.changes.collect()
+    from spark_changelog.errors import as_user_error
+    assert as_user_error(e.value).what == (
+        f"{d}/log-000001.parquet: column 'd' is stored as FIXED_LEN_BYTE_ARRAY in the file and "
+        "cannot be read as the table's DECIMAL(10,2) without changing values")
+
+
 # ----------------------------------------------------------------- streaming
 
 

@@ -10,6 +10,7 @@ from decimal import Decimal as D
 import pandas as pd
 import pyarrow as pa
 
+from changelog_data import load_fixture
 from spark_changelog.sinks.console import PrintSink
 from spark_changelog.sinks.text import csv_ready, flink_text, json_lines
 
@@ -59,6 +60,28 @@ def test_print_sink_line_of_every_type_is_flinks():
     out = io.StringIO()
     PrintSink(out=out).write_arrow_batch(batch, query_id="q", batch_id=0)
     assert out.getvalue() == FLINK_PRINTED + "\n"
+
+
+STATEMENTS = {c["name"]: c for c in load_fixture("flink/statements.json")["cases"]}
+
+
+def test_print_sink_line_of_nested_values_is_flinks():
+    """ARRAY, MAP and ROW with nulls inside, empty ones, nesting: the line
+    Flink 2.3 printed (statements.json P1; an empty MAP is ``{}``)."""
+    s, i = pa.string(), pa.int32()
+    batch = pa.table({
+        "a": pa.array([["id", "x"]], pa.list_(s)), "e": pa.array([[1, None]], pa.list_(i)),
+        "n": pa.array([None], pa.list_(s)),
+        "m": pa.array([[("a", 1), ("b", 2)]], pa.map_(s, i)), "em": pa.array([[]], pa.map_(s, s)),
+        "mn": pa.array([[("a", None)]], pa.map_(s, i)),
+        "r": pa.array([{"x": 1, "y": "b"}], pa.struct([("x", i), ("y", s)])),
+        "rr": pa.array([{"x": 1, "z": {"w": "w"}}],
+                       pa.struct([("x", i), ("z", pa.struct([("w", s)]))])),
+        "ar": pa.array([[{"x": 1}, {"x": 2}]], pa.list_(pa.struct([("x", i)]))),
+        "_kind": pa.array([0], pa.int8()), "_seq": pa.array([0], pa.int64())})
+    out = io.StringIO()
+    PrintSink(out=out).write_arrow_batch(batch, query_id="q", batch_id=0)
+    assert out.getvalue().splitlines() == STATEMENTS["P1_print_nested_values"]["expected_lines"]
 
 
 def test_flink_text_of_more_values():

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import decimal
 import io
+from collections import Counter
 
 import pytest
 
+from changelog_data import load_fixture
 from spark_changelog.sql.errors import SqlError, UnsupportedFeature
 from spark_changelog.sql.runner import run_script
 from spark_changelog.sql.script import parse_script
@@ -83,11 +85,56 @@ CREATE TABLE d (PRIMARY KEY (id) NOT ENFORCED) WITH ('connector' = 'delta', 'pat
      FROM (VALUES (1, 'x'), (2, 'y'), (1, 'z')) AS v(id, b);
 CREATE TABLE p WITH ('connector' = 'print') AS SELECT name, COUNT(*) AS n FROM d_src GROUP BY name;
 """.replace("d_src", "(VALUES ('a'), ('b'), ('a')) AS w(name)"))
-    assert delta_rows(tmp_path / "d") == [(1, "Z", D("0.500000")), (2, "Y", D("1.000000"))]
+    # DECIMAL(5, 1) / INT is DECIMAL(16, 12), as Flink types it (statements.json C2)
+    assert delta_rows(tmp_path / "d") == [(1, "Z", D("0.500000000000")),
+                                          (2, "Y", D("1.000000000000"))]
     schema = DeltaTable(str(tmp_path / "d")).to_pyarrow_table().schema
     assert [(f.name, str(f.type)) for f in schema] == [
-        ("id", "int32"), ("name", "string"), ("half", "decimal128(10, 6)")]
+        ("id", "int32"), ("name", "string"), ("half", "decimal128(16, 12)")]
     assert sorted(out.splitlines()) == ["+I[a, 2]", "+I[b, 1]"]    # a batch run: final rows
+
+
+FLINK = {c["name"]: c for c in load_fixture("flink/statements.json")["cases"]}
+
+
+def final_rows(lines) -> Counter:
+    """Printed changelog lines folded into the rows they leave."""
+    rows: Counter = Counter()
+    for line in lines:
+        kind, row = line.split("[", 1)
+        rows[row] += 1 if kind.endswith(("+I", "+U")) else -1
+    return +rows
+
+
+@pytest.mark.parametrize("name", ["V1_insert_values_cast_to_declared_types",
+                                  "V4_insert_values_column_list", "C1_ctas_group_by_over_values",
+                                  "C2_ctas_expressions_types"])
+def test_flinks_values_and_ctas_statements_print_flinks_rows(spark, name):
+    """Flink 2.3's statements unchanged (statements.json): the same printed
+    lines for INSERT ... VALUES; for CTAS with GROUP BY, a batch run prints the
+    final rows where Flink's streaming run printed the changelog to them."""
+    case = FLINK[name]
+    _, out = run(spark, ";\n".join(case["statements"]) + ";")
+    if name.startswith("C1"):
+        assert final_rows(out.splitlines()) == final_rows(case["expected_lines"])
+    else:
+        assert out.splitlines() == case["expected_lines"]
+
+
+def test_values_where_flink_refuses_a_literal(spark):
+    """Flink 2.3 refuses a STRING literal into a DECIMAL or TIMESTAMP column and
+    a bare NULL in VALUES (statements.json V2, V1b); we cast them (each cast
+    checked before anything runs, docs/sql.md "VALUES and CREATE TABLE AS")."""
+    assert FLINK["V2_insert_values_string_into_decimal_and_timestamp"]["expected_error"].endswith(
+        "Column types of query result and sink for 'default_catalog.default_database.p' do not "
+        "match.")
+    assert "Illegal use of 'NULL'" in FLINK["V1b_insert_values_bare_null"]["expected_error"]
+    _, out = run(spark, ";\n".join(
+        FLINK["V2_insert_values_string_into_decimal_and_timestamp"]["statements"]
+        + FLINK["V1b_insert_values_bare_null"]["statements"][1:]).replace(
+        "INSERT INTO p VALUES (1, 'a')", "CREATE TABLE q (id BIGINT, name STRING) WITH "
+        "('connector' = 'print');\nINSERT INTO q VALUES (1, 'a')") + ";")
+    assert out.splitlines() == ["+I[2.25, 2026-01-02T03:04:05]", "+I[1, a]", "+I[2, null]"]
 
 
 def test_ctas_describe_shows_the_query_schema_and_declared_key(spark, tmp_path):
