@@ -296,15 +296,18 @@ class ChangelogStream:
 
     # -- event time -----------------------------------------------------------
     def with_watermark(self, column: str, bound: Duration = 0, *,
-                       partition: Optional[str] = None) -> "ChangelogStream":
+                       partition: Optional[str] = None,
+                       idle_timeout: Optional[Duration] = None) -> "ChangelogStream":
         """Declare ``column`` (a TIMESTAMP) the event-time attribute, with a
         bounded-out-of-orderness watermark: ``max event time seen - bound - 1 ms``
         (docs/semantics.md, section 6; Flink's ``WATERMARK FOR column AS column -
         INTERVAL 'bound'``).  ``bound``: milliseconds, ``"5 seconds"`` or a timedelta.
 
-        Declare it on a source, before ``normalize``/``join``: Spark computes one
-        watermark per query (the minimum over the sources that declare one) and
-        keeps it in the checkpoint.  ``ON CONFLICT DO ERROR/NOTHING`` need it.
+        Declare it on a source, before ``normalize``/``join``: the source
+        generates it and it travels with the stream to every event-time
+        operator (windows, event-time deduplication, ``ON CONFLICT DO
+        ERROR/NOTHING``, which needs it), each keeping the minimum over its
+        sources' partitions in its checkpointed state.
         An integer epoch column is turned into a timestamp first, e.g.
         ``s.with_column("rt", "timestamp_millis(t)").with_watermark("rt", 1000)``.
 
@@ -312,7 +315,10 @@ class ChangelogStream:
         Kafka table's partition): each generates its own watermark, and the
         windows wait for the minimum over the partitions that are not idle
         (docs/windows.md, "Watermarks from the source").  Default: the source
-        is one partition.
+        is one partition.  ``idle_timeout``: a partition without rows for that
+        long (processing time) is idle and leaves the minimum (Flink's
+        ``'scan.watermark.idle-timeout'``); default: the operator's own
+        ``idle_timeout``, else never.
         """
         t = self.traits
         if column not in t.columns:
@@ -334,7 +340,9 @@ class ChangelogStream:
                 f"with_watermark: event-time column {column!r} has type {dtype}; it must be a "
                 f"TIMESTAMP. For epoch milliseconds add one first: "
                 f".with_column('{column}_ts', 'timestamp_millis({column})')")
-        return self._derive(WatermarkAssigner(self.node, column, duration_ms(bound), partition))
+        return self._derive(WatermarkAssigner(
+            self.node, column, duration_ms(bound), partition,
+            None if idle_timeout is None else duration_ms(idle_timeout)))
 
     def window(self, window, *, watermark=None, partition: Optional[str] = None,
                idle_timeout: Optional[Duration] = None, allowed_lateness: Duration = 0

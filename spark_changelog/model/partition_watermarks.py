@@ -63,13 +63,32 @@ class EventTimeSpec:
     def partitions_end_with_batch(self) -> bool:
         return self.partition == FILE_PARTITIONS
 
+    def idle_timeouts(self, partitions: Sequence[str]) -> Optional[np.ndarray]:
+        """Per partition, its idle timeout in ms (``inf``: never idle), or
+        None when no partition idles: ``idle_timeout_ms``, unless the source
+        the partition belongs to declares its own (``SourceWatermarks``)."""
+        own = getattr(self.generator, "idle_timeouts", ())
+        if not own:
+            return None if self.idle_timeout_ms is None else \
+                np.full(len(partitions), float(self.idle_timeout_ms))
+        ms = [self.generator.idle_timeout_of(str(p), self.idle_timeout_ms) for p in partitions]
+        return np.asarray([np.inf if m is None else float(m) for m in ms], dtype=np.float64)
+
     def describe(self) -> str:
         parts = ("the minimum over the source partitions"
                  if isinstance(self.generator, SourceWatermarks)
                  else "one partition" if self.partition is None else "per input file"
                  if self.partition == FILE_PARTITIONS else f"per {self.partition}")
-        idle = ("no idleness" if self.idle_timeout_ms is None
-                else f"idle after {self.idle_timeout_ms} ms")
+        own = getattr(self.generator, "idle_timeouts", ())
+        sources = len(getattr(self.generator, "sources", ())) or 1
+        one = {ms for _, ms in own} | ({self.idle_timeout_ms} if len(own) < sources else set())
+        if len(one) == 1:         # every partition alike
+            ms, = one
+            idle = "no idleness" if ms is None else f"idle after {ms} ms"
+        else:
+            rest = "never" if self.idle_timeout_ms is None else f"after {self.idle_timeout_ms} ms"
+            idle = "idle: " + "; ".join(f"{src} after {ms} ms" for src, ms in own) + \
+                f"; others {rest}"
         return f"{self.generator.describe()}, {parts}, {idle}"
 
 
@@ -179,10 +198,11 @@ def advance(state: PartitionWatermarks, batch: pd.DataFrame, processing_time_ms:
     watermark = np.maximum(merged["watermark"].fillna(NO_WATERMARK).to_numpy(dtype=np.int64),
                            emitted)
     was_excluded = (merged["excluded"].to_numpy(dtype=object) == True) & ~fresh  # noqa: E712
-    if spec.idle_timeout_ms is None:
+    timeouts = spec.idle_timeouts(merged["partition"].tolist())
+    if timeouts is None:
         idle = np.zeros(len(merged), dtype=bool)
     else:
-        idle = (now - last_active) >= np.int64(spec.idle_timeout_ms)
+        idle = (now - last_active).astype(np.float64) >= timeouts
     # an idle partition leaves the minimum; one that was out rejoins once caught up
     excluded = idle | (was_excluded & (watermark < np.int64(state.combined)))
     ended_max = state.ended_max

@@ -40,10 +40,20 @@ class SourceWatermarks(WatermarkGenerator):
     """The generator of an operator fed by watermark rows: each partition's
     progress already is its watermark (the source applied its own
     generator), so emission is the identity.  ``sources``: what each source
-    generates, for explain (``clicks: rt - 59999 ms``)."""
+    generates, for explain (``clicks: rt - 59999 ms``); ``idle_timeouts``:
+    ``(source name, ms)`` per source that declares its own idle timeout
+    (``'scan.watermark.idle-timeout'``): its partitions go idle after it."""
 
     column: str
     sources: tuple = ()
+    idle_timeouts: tuple = ()
+
+    def idle_timeout_of(self, partition: str, default: Optional[int]) -> Optional[int]:
+        """The idle timeout of a source partition (``source`` or ``source/p``)."""
+        for source, ms in self.idle_timeouts:
+            if partition == source or partition.startswith(source + "/"):
+                return ms
+        return default
 
     def on_events(self, event_ms: np.ndarray, rows=None) -> np.ndarray:
         # rows reaching the operator prove nothing: their source's watermark rows do

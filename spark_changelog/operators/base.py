@@ -24,9 +24,12 @@ watermark in ``ctx.watermark_ms`` and implement :meth:`KeyedOperator.due`,
 :meth:`KeyedOperator.pending_times` and :meth:`KeyedOperator.on_watermark`:
 ``process`` acts on the due rows of every key in its ``state`` (the runtime
 may add keys with due state and no rows, and then needs their new state
-back too), and the runtime's watermark timer
-(:func:`~spark_changelog.runtime.keygroup.fire_watermark`) hands
-``on_watermark`` the keys with due rows of groups that got no input.
+back too), and when the watermark moves without rows for a key group
+(:func:`~spark_changelog.runtime.keygroup.fire_watermark`) ``on_watermark``
+gets the keys with due rows.  Rows are judged late (or stamped) by
+``ctx.arrival_watermark``, the watermark current at their arrival; due state
+by ``ctx.watermark_ms``, the watermark after the batch
+(:mod:`~spark_changelog.runtime.event_time`).
 
 Counters (superseded changes, unmatched retractions, expired state, ...) go to
 ``ctx.metrics``; the runtime sums them over key groups and micro-batches.
@@ -178,8 +181,8 @@ class KeyedOperator(abc.ABC):
 
     @property
     def uses_watermark(self) -> bool:
-        """True when state waits for the watermark: the runtime then passes the
-        watermark and runs a timer per key group (``fire_watermark``)."""
+        """True when state waits for the watermark: the runtime then runs it
+        with the sources' watermarks (``runtime.spark_event_time``)."""
         return False
 
     def due(self, state: pd.DataFrame, ctx: OpContext) -> np.ndarray:
@@ -188,8 +191,7 @@ class KeyedOperator(abc.ABC):
 
     def pending_times(self, state: pd.DataFrame) -> np.ndarray:
         """Per state row, the watermark (ms) at which it becomes due; ``inf``
-        for rows that wait for nothing.  The runtime sets its timer at the
-        minimum."""
+        for rows that wait for nothing."""
         return np.full(len(state), np.inf)
 
     def on_watermark(self, state: pd.DataFrame, ctx: OpContext

@@ -368,14 +368,17 @@ class RowTimeKeepFirst(_Dedup):
     def process(self, state, rows, ctx):
         _check_insert_only(self, rows)
         key = list(self.key)
-        wm = ctx.watermark_ms
+        # late and "at the watermark" are judged by the watermark current at
+        # the rows' arrival; due candidates by the watermark after the batch
+        # (the same watermark unless the runtime tells them apart)
+        arrival, wm = ctx.arrival_watermark, ctx.watermark_ms
         ctx.metrics.add("rows_in", len(rows))
         state = self._live(state, ctx)
         t = event_time_ms(rows[self.time_column])
         spos = lookup_unique(rows, state, key)
         emitted = np.where(spos >= 0, state[EMITTED_COL].to_numpy(bool)[np.maximum(spos, 0)]
                            if len(state) else False, False)
-        late = np.zeros(len(rows), dtype=bool) if wm is None else t < wm
+        late = np.zeros(len(rows), dtype=bool) if arrival is None else t < arrival
         ctx.metrics.add("late", int((late & ~emitted).sum()))
         ctx.metrics.add("duplicates", int(emitted.sum()))
         fresh = rows[~late & ~emitted].reset_index(drop=True)
@@ -387,7 +390,7 @@ class RowTimeKeepFirst(_Dedup):
         parts = [stored.drop(columns=[TOUCHED_COL])]
         if cand is not None:
             cand[TIME_COL] = t_fresh = t[~late & ~emitted]
-            cand[DUE_COL] = t_fresh + (t_fresh == wm) if wm is not None else t_fresh
+            cand[DUE_COL] = t_fresh + (t_fresh == arrival) if arrival is not None else t_fresh
             cand[EMITTED_COL] = False
             parts.append(cand)
         pool = pd.concat([p for p in parts if len(p)], ignore_index=True) \

@@ -607,8 +607,9 @@ class SinkUpsertMaterializer(KeyedOperator):
         view: WatermarkBufferedRows = self.view
         buffered_in = rows[self.data_columns + [KIND_COL, SEQ_COL]].copy()
         buffered_in[view.BUFFERED] = True
-        buffered_in[view.STAMP] = np.int64(NO_WATERMARK if ctx.watermark_ms is None
-                                           else ctx.watermark_ms)
+        # stamped with the watermark current at the rows' arrival
+        arrival = ctx.arrival_watermark
+        buffered_in[view.STAMP] = np.int64(NO_WATERMARK if arrival is None else arrival)
         buffered_in[view.ACCESS] = np.int64(ctx.processing_time_ms)
         parts = [p for p in (state, buffered_in) if len(p)]
         if not parts:

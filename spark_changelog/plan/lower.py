@@ -92,11 +92,10 @@ def _lower(node: Node) -> Lowered:
     if isinstance(node, Sink):
         return lower(node.input)
     if isinstance(node, WatermarkAssigner):
-        # Spark's watermark for the operators that run in its EventTime mode,
-        # and the watermark rows every window folds (docs/windows.md)
+        # the watermark rows every event-time operator folds (docs/windows.md);
+        # Spark's own query watermark (withWatermark) is not used
         inp = lower(node.input)
-        df = inp.df.withWatermark(node.column, node.strategy.spark_delay)
-        return dataclasses.replace(inp, df=_with_watermark_rows(node, df))
+        return dataclasses.replace(inp, df=_with_watermark_rows(node, inp.df))
     if isinstance(node, Project):
         return _project(node, lower(node.input))
     if isinstance(node, Filter):
@@ -116,6 +115,8 @@ def _lower(node: Node) -> Lowered:
         op = SinkUpsertMaterializer(operator_schema_of(inp.data_df), node.sink_key,
                                     upsert_key=node.upsert_key, state_ttl_ms=node.state_ttl_ms,
                                     conflict=node.conflict)
+        if node.waits_for_watermark:
+            return _event_time(inp, op, node.spec, node.key_groups)
         return _keyed(inp, inp.df, op, node.key_groups)
     if isinstance(node, Join):
         return _join(node, lower(node.left), lower(node.right))
@@ -187,14 +188,10 @@ def _window_aggregate(node: WindowAggregate) -> Lowered:
     from ..runtime.spark_event_time import apply_event_time
     tvf = node.input
     group_keys = node.group_keys
-    # the windows wait for their own per-partition watermarks (tvf.spec, from
-    # the plan's traits): Spark's withWatermark would only add a batch without
-    # data at the end of every run (~1 s), so a watermark declared right under
-    # the window is not lowered
-    if isinstance(tvf.input, WatermarkAssigner):
+    # windows with a generator of their own (tvf.spec) compute their
+    # watermarks from their rows: the source's watermark rows are not needed
+    if isinstance(tvf.input, WatermarkAssigner) and not tvf.from_source:
         inp = lower(tvf.input.input)
-        if tvf.from_source:
-            inp = dataclasses.replace(inp, df=_with_watermark_rows(tvf.input, inp.df))
     else:
         inp = lower(tvf.input)
     if tvf.window.merging:   # sessions merge per key: the operator's key is the group keys
@@ -229,10 +226,11 @@ def _deduplicate(node: Deduplicate, inp: Lowered) -> Lowered:
         op = ChangelogNormalize(schema, key, state_ttl_ms=node.state_ttl_ms,
                                 generate_update_before=node.generate_update_before,
                                 fold_batch=node.fold_batch)
+    elif node.keep == "first" and node.order_by is not None:
+        op = d.RowTimeKeepFirst(schema, key, node.order_by, state_ttl_ms=node.state_ttl_ms)
+        return _without_global_key(_event_time(inp, op, node.spec, node.key_groups))
     elif node.keep == "first":
-        op = (d.ProcTimeKeepFirst(schema, key, state_ttl_ms=node.state_ttl_ms)
-              if node.order_by is None else
-              d.RowTimeKeepFirst(schema, key, node.order_by, state_ttl_ms=node.state_ttl_ms))
+        op = d.ProcTimeKeepFirst(schema, key, state_ttl_ms=node.state_ttl_ms)
     else:
         flags = dict(state_ttl_ms=node.state_ttl_ms, fold_batch=node.fold_batch,
                      generate_update_before=node.generate_update_before,
@@ -261,6 +259,15 @@ def _without_global_key(out: Lowered) -> Lowered:
     if GLOBAL_KEY not in out.df.columns:
         return out
     return dataclasses.replace(out, df=out.df.drop(GLOBAL_KEY))
+
+
+def _event_time(inp: Lowered, op, spec, key_groups: Optional[int]) -> Lowered:
+    """An operator that waits for the watermark: the watermarks its sources
+    generate, folded per source partition with idleness, the same runtime
+    step as the windows' (``runtime.spark_event_time``, docs/windows.md)."""
+    from ..runtime.spark_event_time import apply_event_time
+    return inp.then(apply_event_time(inp.df, op, spec, key_groups=key_groups, from_source=True),
+                    op)
 
 
 def _keyed(inp: Lowered, df, op, key_groups: Optional[int]) -> Lowered:

@@ -237,6 +237,9 @@ class WatermarkAssigner(_Unary):
     #: a column whose values are the source's partitions, each with its own
     #: watermark (a Kafka table's partition); None: the source is one partition
     partition: Optional[str] = None
+    #: a partition without rows for this long (processing time) is idle and
+    #: leaves the minimum; None: the operator's own setting (default: never)
+    idle_timeout_ms: Optional[int] = None
 
     @property
     def strategy(self) -> WatermarkStrategy:
@@ -254,9 +257,10 @@ class WatermarkAssigner(_Unary):
 
     def label(self) -> str:
         parts = f"per partition of {self.partition}" if self.partition else "one partition"
+        idle = "" if self.idle_timeout_ms is None else f", idle after {self.idle_timeout_ms} ms"
         return (f"WatermarkAssigner(rowtime=[{self.column}], "
                 f"watermark=[{self.column} - {self.bound_ms} ms], "
-                f"generated=[at source {self.source_name}, {parts}])")
+                f"generated=[at source {self.source_name}, {parts}{idle}])")
 
     def derive_traits(self) -> Traits:
         return dataclasses.replace(self.input.traits, has_watermark=True, notes=(),
@@ -614,16 +618,27 @@ class Materialize(_Unary):
     state_ttl_ms: Optional[int] = None
     key_groups: Optional[int] = None
 
+    @property
+    def waits_for_watermark(self) -> bool:
+        return self.conflict in ("error", "nothing")
+
+    @property
+    def spec(self):
+        """The watermarks it waits for: the sources' (``source_watermark_spec``)."""
+        return source_watermark_spec(self.input, self.input.traits.time_attribute)
+
     def label(self) -> str:
+        wm = f", watermark=[{self.spec.describe()}]" if self.waits_for_watermark else ""
         return (f"SinkUpsertMaterializer(key={fmt_key(self.sink_key)}, "
-                f"upsertKey={fmt_key(self.upsert_key)}, conflictStrategy=[{self.conflict.upper()}])")
+                f"upsertKey={fmt_key(self.upsert_key)}, conflictStrategy=[{self.conflict.upper()}]"
+                f"{wm})")
 
     def derive_traits(self) -> Traits:
         t = self.input.traits
         notes = ()
-        if self.conflict in ("error", "nothing"):
-            notes = (f"ON CONFLICT DO {self.conflict.upper()} waits for the watermark; "
-                     f"{spark_watermark_note(self.input)}",)
+        if self.waits_for_watermark:
+            notes = (f"ON CONFLICT DO {self.conflict.upper()} folds each key's changes once the "
+                     "watermark passes the one they arrived under",)
         # its output per sink key is ordered: the sink key is now the upsert key
         return dataclasses.replace(t, unique_keys=_dedup_keys([self.sink_key] + list(t.unique_keys)),
                                    upsert_key=self.sink_key, notes=notes, primary_key=self.sink_key)
@@ -689,11 +704,8 @@ class WindowTableFunction(_Unary):
     def spec(self):
         """The :class:`~spark_changelog.model.partition_watermarks.EventTimeSpec`."""
         from ..model.partition_watermarks import EventTimeSpec
-        from ..model.source_watermarks import SourceWatermarks
         if self.from_source:
-            sources = tuple(w.generates() for w in watermark_assigners(self.input))
-            return EventTimeSpec(SourceWatermarks(self.column, sources), None,
-                                 self.idle_timeout_ms)
+            return source_watermark_spec(self.input, self.column, self.idle_timeout_ms)
         gen = self.generator or self.input.traits.watermark
         if gen is None:
             raise ValueError(f"window on {self.column!r}: the stream has no watermark; declare "
@@ -778,11 +790,17 @@ class Deduplicate(_Unary):
     def waits_for_watermark(self) -> bool:
         return self.keep == "first" and self.order_by is not None
 
+    @property
+    def spec(self):
+        """The watermarks it waits for: the sources' (``source_watermark_spec``)."""
+        return source_watermark_spec(self.input, self.order_by)
+
     def label(self) -> str:
         order = "PROCTIME" if self.order_by is None else f"ROWTIME({self.order_by})"
         row = "FirstRow" if self.keep == "first" else "LastRow"
         fold = MINI_BATCH_LABEL[self.fold_batch and self.keep == "last"]
-        return f"Deduplicate(keep=[{row}], key={fmt_key(self.key)}, order=[{order}]{fold})"
+        wm = f", watermark=[{self.spec.describe()}]" if self.waits_for_watermark else ""
+        return f"Deduplicate(keep=[{row}], key={fmt_key(self.key)}, order=[{order}]{fold}{wm})"
 
     def derive_traits(self) -> Traits:
         t = self.input.traits
@@ -795,8 +813,7 @@ class Deduplicate(_Unary):
         if self.waits_for_watermark:
             notes = (f"keep first on event time {self.order_by!r} waits for the watermark: a "
                      "key's row is emitted once the watermark passes its event time, rows "
-                     "behind the watermark are dropped as late (Flink 2.3); "
-                     f"{spark_watermark_note(self.input)}",)
+                     "behind the watermark are dropped as late (Flink 2.3)",)
         if self.fold_batch and self.keep == "last":
             notes += (MINI_BATCH_NOTE,)
         # a global deduplication (no key) keeps one row: no key column identifies it
@@ -965,12 +982,20 @@ def join_input_specs(node: Join) -> tuple[JoinInputSideSpec, JoinInputSideSpec]:
             join_input_side_spec(node.right_keys, node.right.traits.unique_keys))
 
 
-def spark_watermark_note(node: Node) -> str:
-    """What an operator run in Spark's event-time mode waits for (explain)."""
-    sources = "; ".join(w.generates() for w in watermark_assigners(node)) or "none declared"
-    return (f"its watermark: Spark's query watermark, generated at the source ({sources}), "
-            "unchanged by filters and projections, the minimum over sources (no per-partition "
-            "watermarks or idleness yet)")
+def source_watermark_spec(node: Node, column: Optional[str], idle_timeout_ms: Optional[int] = None):
+    """The :class:`~spark_changelog.model.partition_watermarks.EventTimeSpec`
+    of an event-time operator over ``node`` that waits for the watermarks
+    its sources generate (docs/windows.md, "Watermarks from the source"):
+    every window, event-time deduplication and ``ON CONFLICT DO
+    ERROR/NOTHING`` folds them the same way.  ``idle_timeout_ms``: for the
+    sources that declare none."""
+    from ..model.partition_watermarks import EventTimeSpec
+    from ..model.source_watermarks import SourceWatermarks
+    assigners = watermark_assigners(node)
+    sources = tuple(w.generates() for w in assigners)
+    idle = tuple((w.source_name, w.idle_timeout_ms) for w in assigners
+                 if w.idle_timeout_ms is not None)
+    return EventTimeSpec(SourceWatermarks(column or "", sources, idle), None, idle_timeout_ms)
 
 
 def watermark_assigners(node: Node) -> list["WatermarkAssigner"]:
@@ -1002,7 +1027,7 @@ def source_leaves(node: Node) -> list[Source]:
     return out
 
 
-__all__ = ["watermark_assigners", "Traits", "Node", "Source", "WatermarkAssigner", "Project", "ProjectItem",
+__all__ = ["watermark_assigners", "source_watermark_spec", "Traits", "Node", "Source", "WatermarkAssigner", "Project", "ProjectItem",
            "Filter", "UnionAll",
            "Normalize", "ApplyAs", "History", "Join", "Materialize", "Sink", "Deduplicate", "Aggregate", "TopN",
            "AggCall", "agg_text", "infer", "join_traits",

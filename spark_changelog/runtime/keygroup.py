@@ -1,7 +1,6 @@
 """One call of an operator on one key group: the step every runtime shares."""
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import numpy as np
@@ -98,26 +97,3 @@ def fire_watermark(operator: KeyedOperator, stack: RunStack, ctx: OpContext) -> 
     new_state, out = operator.on_watermark(state_in, ctx)
     stack.push(stack.new_run(keys, new_state), retain=lambda df: operator.retain(df, ctx))
     return out
-
-
-def next_timer_ms(operator: KeyedOperator, state: Optional[pd.DataFrame],
-                  watermark_ms: Optional[int] = None) -> Optional[int]:
-    """When the earliest row of ``state`` waiting for the watermark becomes due
-    (``None``: nothing waits).  ``state``: all live rows of a key group, or
-    those of the keys a batch touched.  Never at or below ``watermark_ms``
-    (nor 0, Spark's "no watermark yet"): a timer must fire at a later
-    watermark, not again in the batch that set it."""
-    if state is None or state.empty:
-        return None
-    times = operator.pending_times(state)
-    if not len(times):
-        return None
-    first = float(np.min(times))
-    if math.isinf(first) and first > 0:
-        return None
-    return int(max(first, (watermark_ms or 0) + 1))
-
-
-def pending_rows(operator: KeyedOperator, stack: RunStack) -> pd.DataFrame:
-    """All live state rows of a key group that wait for the watermark."""
-    return stack.live_where(lambda rows: np.isfinite(operator.pending_times(rows)))

@@ -2,8 +2,10 @@
 (docs/windows.md, "On Spark").
 
 Spark keeps one watermark per query and cannot express per-partition
-watermarks, idleness or punctuated generators.  So the window aggregate does
-not use Spark's watermark at all (``timeMode="None"``, no timers):
+watermarks, idleness or punctuated generators.  So the operators that wait
+for event time (windows, event-time deduplication, ``ON CONFLICT DO
+ERROR/NOTHING``) do not use Spark's watermark at all (``timeMode="None"``,
+no timers):
 
 1. one Arrow pass over the input (``mapInArrow``) assigns windows (the
    projection of :mod:`~spark_changelog.model.windows`) and
@@ -81,14 +83,11 @@ def _key_groups_of(table: pa.Table, key, key_groups: int) -> np.ndarray:
 
 
 
-def _watermark_rows(side: pa.Table) -> tuple[pa.Table, Optional[pd.DataFrame]]:
-    """The side rows without the watermark rows, and those as a progress table."""
+def _watermark_rows(side: pa.Table) -> Optional[pd.DataFrame]:
+    """The watermark rows among the side rows, as a progress table (None: none)."""
     payloads = [json.loads(m) if m else {} for m in side.column(METRICS_COL).to_pylist()]
-    marks = np.array([is_watermark_payload(p) for p in payloads], dtype=bool)
-    if not marks.any():
-        return side, None
-    progress = watermark_progress(p for p, m in zip(payloads, marks) if m)
-    return side.filter(pa.array(~marks)), progress
+    marks = [p for p in payloads if is_watermark_payload(p)]
+    return watermark_progress(marks) if marks else None
 
 
 def _project_and_pack(spec: EventTimeSpec, column: str, assigner: Optional[WindowAssigner],
@@ -97,8 +96,10 @@ def _project_and_pack(spec: EventTimeSpec, column: str, assigner: Optional[Windo
     group, one output row holding all of this Spark partition's rows of the
     group plus the whole partition's progress summary, as one compressed
     Arrow IPC blob (``row_schema``).  ``from_source``: the progress is the
-    watermark rows the sources generated (consumed here), not the rows'
-    own event times."""
+    watermark rows the sources generated, not the rows' own event times;
+    they also pass on with the other side rows, so an event-time operator
+    downstream (a window over this one's output) waits for the same
+    watermarks, as Flink forwards them."""
 
     def fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         pieces, data_parts, side_parts = [], [], []
@@ -122,11 +123,10 @@ def _project_and_pack(spec: EventTimeSpec, column: str, assigner: Optional[Windo
             if side.any():
                 rest = t.filter(pa.array(side))
                 if from_source:
-                    rest, progress = _watermark_rows(rest)
+                    progress = _watermark_rows(rest)
                     if progress is not None:
                         pieces.append(progress)
-                if rest.num_rows:
-                    side_parts.append(conform(rest, row_schema))
+                side_parts.append(conform(rest, row_schema))
         packed = []
         if side_parts:
             packed.append((METRICS_GROUP, pack(pa.concat_tables(side_parts))))
@@ -183,10 +183,8 @@ class EventTimeKeyGroupProcessor(KeyGroupProcessor):
         self.handle = handle
         self.meta = handle.getValueState("meta", META_SCHEMA)
         self.runs = handle.getMapState("runs", RUN_ID_SCHEMA, BLOB_SCHEMA)
-        # no "timer" variable: this processor fires windows from its own
-        # watermarks, without Spark's timers (checkpoints that declared one
-        # restart without it; each declaration costs the JVM 10-130 ms per task)
-        self.timer = None
+        # no "timer" variable: this processor fires from its own watermarks,
+        # without Spark's timers (each declaration costs the JVM 10-130 ms per task)
         self.schema = run_schema(self.operator.state_schema)
         self.watermarks = handle.getValueState("watermarks", _WATERMARKS)
 

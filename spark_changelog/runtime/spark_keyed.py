@@ -15,10 +15,9 @@ unpacks them and sorts each key group's rows by key and ``_seq``.  Streaming
 runs ``transformWithStateInPandas`` on the RocksDB state store; batch runs
 ``applyInArrow`` once per key group, without state.  The key group is still
 Spark's ``pmod(hash(key), G)`` (computed as a column before the pass): state
-written before packing stays where it was.  The packed input carries no
-event-time column, so Spark's ``EventTime`` mode never filters rows as late
-(we never drop a row silently, docs/semantics.md section 6); the query's
-watermark still comes from the ``withWatermark`` node upstream.
+written before packing stays where it was.  Operators that wait for the
+watermark run in :mod:`.spark_event_time` (the sources' watermarks, never
+Spark's ``EventTime`` mode).
 
 Per key group two state variables hold a
 :class:`~spark_changelog.runtime.state_runs.RunStack`:
@@ -54,17 +53,16 @@ from pyspark.sql.streaming import StatefulProcessor
 from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 
 from ..model import KIND_COL, METRICS_COL, METRICS_KIND, PACKED_GROUP_COL, PACKED_ROWS_COL, SEQ_COL, RowKind
-from ..model.watermark import END_OF_INPUT_MS
 from ..operators.base import KeyedOperator, OpContext
 from .arrow_packing import PACKED_COL, conform, pack_groups, packed_batch, packed_schema, unpack
 from .spark_hash import key_groups as key_groups_of, supports as spark_hash_supports
-from .keygroup import fire_watermark, next_timer_ms, pending_rows, process_key_group
+from .keygroup import process_key_group
 from .checkpoint import damaged_state
 from .keyed_rows import (KEY_GROUP_COL, METRICS_GROUP, arrow_input, arrow_output, arrow_schema_of,
                          operator_instance, output_schema_with_metrics, spark_schema,
                          split_upstream_metrics, with_metrics)
 from .spark_seen_keys import apply_seen_keys
-from .state_runs import WORKER_CACHE, Run, RunStack, concat_rows, name_new_runs, run_schema
+from .state_runs import WORKER_CACHE, Run, RunStack, name_new_runs, run_schema
 
 #: The state variables' schemas as types: given a DDL string, PySpark asks the
 #: JVM to parse it, once when the variable is declared and once more for its
@@ -74,7 +72,6 @@ from .state_runs import WORKER_CACHE, Run, RunStack, concat_rows, name_new_runs,
 META_SCHEMA = StructType([StructField("run_ids", StringType()), StructField("next_seq", LongType())])
 RUN_ID_SCHEMA = StructType([StructField("run_id", StringType())])
 BLOB_SCHEMA = StructType([StructField("blob", BinaryType())])
-TIMER_SCHEMA = StructType([StructField("at", LongType())])
 DEFAULT_KEY_GROUPS = 32
 
 
@@ -88,16 +85,9 @@ def add_key_group(df, key, key_groups: int):
 
 class KeyGroupProcessor(StatefulProcessor):
     """One key group's RunStack in the state store (module docstring).
-
-    For operators that wait for event time (``operator.uses_watermark``) the
-    query runs in ``EventTime`` mode: every call gets Spark's watermark, and
-    each key group keeps one timer (value state ``timer``) at the earliest
-    event time its state waits for.  Spark fires it once the watermark reaches
-    it (``t <= watermark``, the same rule as ``due``), also in the extra batch
-    without data it runs when only the watermark moved;
-    :func:`~spark_changelog.runtime.keygroup.fire_watermark` then acts on the
-    keys with due rows and the timer moves to the next pending time.
-    """
+    Operators that wait for event time run in
+    :mod:`~spark_changelog.runtime.spark_event_time` instead (the sources'
+    watermarks, per partition, with idleness)."""
 
     def __init__(self, operator: KeyedOperator, columns, growth: float, max_runs: int,
                  time_zone: Optional[str] = None, key_groups: Optional[int] = None):
@@ -114,8 +104,6 @@ class KeyGroupProcessor(StatefulProcessor):
         self.handle = handle
         self.meta = handle.getValueState("meta", META_SCHEMA)
         self.runs = handle.getMapState("runs", RUN_ID_SCHEMA, BLOB_SCHEMA)
-        self.timer = (handle.getValueState("timer", TIMER_SCHEMA)
-                      if self.operator.uses_watermark else None)
         self.schema = run_schema(self.operator.state_schema)
 
     # -- state: load and save the key group's run stack -------------------------
@@ -172,29 +160,8 @@ class KeyGroupProcessor(StatefulProcessor):
         return written
 
     def _context(self, timerValues, next_seq: int) -> OpContext:
-        watermark = None
-        if self.timer is not None:
-            wm = int(timerValues.getCurrentWatermarkInMs())
-            # Spark starts at 0 before it has seen any event time
-            watermark = wm if wm > 0 else None
         return OpContext(processing_time_ms=int(timerValues.getCurrentProcessingTimeInMs()),
-                         watermark_ms=watermark, next_seq=next_seq)
-
-    def _set_timer(self, at: Optional[int]) -> None:
-        """Keep one timer, at ``at``: the group's exact next pending time
-        (``None``: nothing waits).  A timer already due is replaced, so it does
-        not fire after the call that folded what it waited for."""
-        stored = self.timer.get()
-        current = int(stored[0]) if stored else None
-        if current == at:
-            return
-        if current is not None:
-            self.handle.deleteTimer(current)
-        if at is None:
-            self.timer.clear()
-            return
-        self.handle.registerTimer(int(at))
-        self.timer.update((int(at),))
+                         next_seq=next_seq)
 
     # -- Spark callbacks ---------------------------------------------------------
     def _unpacked(self, rows) -> pd.DataFrame:
@@ -216,32 +183,10 @@ class KeyGroupProcessor(StatefulProcessor):
         ctx = self._context(timerValues, next_seq)
         out = process_key_group(op, stack, pdf, ctx)
         written = self._save(stack, run_ids, ctx.next_seq, key)
-        if self.timer is not None:
-            # process_key_group folded every due key of the group: the timer goes
-            # to the group's next pending time (a timer already due is dropped)
-            self._set_timer(next_timer_ms(op, pending_rows(op, stack), ctx.watermark_ms))
         yield from with_metrics(out, op, ctx, {
             "state_rows": stack.size, "key_group": int(key[0]), "runs": len(stack.runs),
             "rows_written": written,
-            "cache_misses": misses, "seconds": time.perf_counter() - t0,
-            "watermark_ms": ctx.watermark_ms})
-
-    def handleExpiredTimer(self, key, timerValues, expiredTimerInfo) -> Iterator[pd.DataFrame]:
-        op = self.operator
-        t0 = time.perf_counter()
-        # Spark has dropped the fired timer already
-        self.timer.clear()
-        stack, run_ids, next_seq, misses = self._load(key)
-        ctx = self._context(timerValues, next_seq)
-        out = fire_watermark(op, stack, ctx)
-        written = self._save(stack, run_ids, ctx.next_seq, key)
-        self._set_timer(next_timer_ms(op, pending_rows(op, stack), ctx.watermark_ms))
-        ctx.metrics.add("watermark_timers", 1)
-        yield from with_metrics(out, op, ctx, {
-            "state_rows": stack.size, "key_group": int(key[0]), "runs": len(stack.runs),
-            "rows_written": written,
-            "cache_misses": misses, "seconds": time.perf_counter() - t0,
-            "watermark_ms": ctx.watermark_ms})
+            "cache_misses": misses, "seconds": time.perf_counter() - t0})
 
     def close(self) -> None:
         pass
@@ -254,8 +199,12 @@ def apply_keyed(df, operator: KeyedOperator, *, key_groups: int = DEFAULT_KEY_GR
 
     A streaming ``df`` runs with state in the state store; a bounded one is
     processed in one go per key group, with the same operator code.
-    ``packed_source``: see :func:`pack_key_groups`.
+    ``packed_source``: see :func:`pack_key_groups`.  An operator that waits
+    for the watermark runs in :func:`~.spark_event_time.apply_event_time`.
     """
+    if operator.uses_watermark:
+        raise ValueError(f"{operator.name} waits for the watermark: run it with "
+                         "runtime.spark_event_time.apply_event_time")
     if df.isStreaming and operator.state_is_seen_keys:
         return apply_seen_keys(df, operator)
     time_zone = df.sparkSession.conf.get("spark.sql.session.timeZone")
@@ -265,7 +214,7 @@ def apply_keyed(df, operator: KeyedOperator, *, key_groups: int = DEFAULT_KEY_GR
         processor = KeyGroupProcessor(operator, columns, growth, max_runs, time_zone, key_groups)
         return packed.groupBy(KEY_GROUP_COL).transformWithStateInPandas(
             statefulProcessor=processor, outputStructType=out_schema,
-            outputMode="Append", timeMode="EventTime" if operator.uses_watermark else "None")
+            outputMode="Append", timeMode="None")
 
     # the same packed input as streaming: Spark shuffles and groups a few
     # blobs per key group instead of sorting every row (``keygroup.sort_rows``
@@ -279,16 +228,8 @@ def apply_keyed(df, operator: KeyedOperator, *, key_groups: int = DEFAULT_KEY_GR
         if pdf.empty:
             return arrow_output(None, passed, operator, None)
         ctx = OpContext(processing_time_ms=now)
-        if not operator.uses_watermark:
-            out = process_key_group(operator, None, pdf, ctx)
-            return arrow_output(out, passed, operator, ctx, {"state_rows": 0})
-        # a bounded input: every row arrives (before any watermark), then the
-        # end-of-input watermark releases everything that waits (Flink's batch mode)
-        stack = RunStack(operator.key)
-        out = process_key_group(operator, stack, pdf, ctx)
-        ctx.watermark_ms = END_OF_INPUT_MS
-        out = concat_rows([out, fire_watermark(operator, stack, ctx)])
-        return arrow_output(out, passed, operator, ctx, {"state_rows": 0, "watermark_ms": END_OF_INPUT_MS})
+        out = process_key_group(operator, None, pdf, ctx)
+        return arrow_output(out, passed, operator, ctx, {"state_rows": 0})
 
     return packed.groupBy(KEY_GROUP_COL).applyInArrow(run_group, schema=out_schema)
 

@@ -169,6 +169,8 @@ class Connector:
     options: tuple = ()            # the remaining options, (key, value) pairs
     #: the format's options and metadata columns, for the reader
     format_options: FormatOptions = FormatOptions()
+    #: ``'scan.watermark.idle-timeout'``: the source's partitions go idle after it
+    idle_timeout_ms: Optional[int] = None
 
     def option(self, key: str, default=None):
         return dict(self.options).get(key, default)
@@ -676,6 +678,43 @@ class _Builder:
             raise self.error(f"table {table}: unknown connector {kind!r}: expected one of "
                              f"{', '.join(CONNECTORS)}", pos, UnsupportedFeature)
         path = opts.pop("path", None)
+        idle = self.watermark_options(table, opts, pos) if kind in ("filesystem", "kafka") \
+            else None
+        return dataclasses.replace(self._connector(table, kind, path, opts, pos, metadata),
+                                   idle_timeout_ms=idle)
+
+    def watermark_options(self, table: str, opts: dict, pos: Position) -> Optional[int]:
+        """Flink's watermark options of a source table (FLIP-296; docs/sql.md,
+        "Watermarks"), removed from ``opts``: the idle timeout (ms) of
+        ``'scan.watermark.idle-timeout'``.  ``'scan.watermark.emit.strategy'``
+        is ``'on-periodic'`` (a watermark after each piece of a micro-batch);
+        watermark alignment is refused."""
+        align = sorted(k for k in opts if k.startswith("scan.watermark.alignment."))
+        if align:
+            raise self.error(
+                f"table {table}: {align[0]!r}: watermark alignment (pausing a source that runs "
+                "ahead) is not supported: Spark's sources cannot be paused per partition",
+                self.option_positions.get(align[0], pos), UnsupportedFeature)
+        emit = opts.pop("scan.watermark.emit.strategy", "on-periodic")
+        if emit.lower() != "on-periodic":
+            raise self.error(
+                f"table {table}: 'scan.watermark.emit.strategy' = {emit!r}: only 'on-periodic' is "
+                "supported (the watermark is generated after each piece of a micro-batch, not "
+                "after each row)", self.option_positions.get("scan.watermark.emit.strategy", pos),
+                UnsupportedFeature)
+        idle = opts.pop("scan.watermark.idle-timeout", None)
+        if idle is None:
+            return None
+        try:
+            ms = duration_ms(idle if not idle.strip().isdigit() else int(idle))
+        except (TypeError, ValueError):
+            raise self.error(f"table {table}: 'scan.watermark.idle-timeout' = {idle!r} is not a "
+                             "duration (e.g. '5 s', '1 min', '500 ms')",
+                             self.option_positions.get("scan.watermark.idle-timeout", pos)) from None
+        return ms or None
+
+    def _connector(self, table: str, kind: str, path: Optional[str], opts: dict, pos: Position,
+                   metadata: tuple) -> Connector:
         if kind == "filesystem":
             fmt = opts.pop("format", None)
             if fmt is None or fmt.lower() not in FILESYSTEM_FORMATS:

@@ -15,7 +15,7 @@ from ..connectors.cdc_json import InvalidChangeError
 from .context import Context
 from .errors import UnsupportedFeature
 from .relation import Field, Relation
-from .script import Connector, Position, TableDef, node_position
+from .script import ColumnDef, Connector, Position, TableDef, node_position
 
 
 def operation_column(c: Connector) -> Optional[str]:
@@ -48,6 +48,9 @@ def read_source(ctx: Context, t: TableDef, pos: Position,
         t = dataclasses.replace(t, columns=tuple(col for col in t.columns
                                                  if col.name != operation))
     path = c.path
+    hidden = None
+    if c.kind == "kafka" and t.watermark is not None and t.kafka_partition_column is None:
+        t, c, hidden = _with_hidden_partition(t)
     if c.kind == "kafka":
         from ..connectors import kafka
         try:
@@ -82,7 +85,28 @@ def read_source(ctx: Context, t: TableDef, pos: Position,
         if isinstance(e, InvalidChangeError):   # bad input (strict), not a script error
             raise
         raise ctx.error(f"table {t.name}: {e}", t.position) from None
-    return _with_computed_columns(ctx, t, pos, stream)
+    return _with_computed_columns(ctx, t, pos, stream, hidden)
+
+
+#: the hidden column of a Kafka table's partition (:func:`_with_hidden_partition`)
+HIDDEN_PARTITION = "__kafka_partition"
+
+
+def _with_hidden_partition(t: TableDef) -> tuple[TableDef, Connector, str]:
+    """A Kafka table with a watermark but no ``METADATA FROM 'partition'``
+    column reads the partition anyway, as a hidden column: each Kafka
+    partition generates its own watermark and idles on its own, as Flink's
+    Kafka source does by default (docs/sql.md, "Kafka and other streams").
+    The column is projected away right after the watermark."""
+    from ..connectors.kafka import KAFKA_METADATA
+    if HIDDEN_PARTITION in t.column_names:
+        raise ValueError(f"table {t.name}: the column name {HIDDEN_PARTITION!r} is reserved")
+    flink_type = KAFKA_METADATA["partition"][0]
+    col = ColumnDef(HIDDEN_PARTITION, flink_type, flink_type, metadata_key="partition")
+    fo = t.connector.format_options
+    c = dataclasses.replace(t.connector, format_options=dataclasses.replace(
+        fo, metadata=fo.metadata + ((HIDDEN_PARTITION, "partition"),)))
+    return dataclasses.replace(t, columns=t.columns + (col,), connector=c), c, HIDDEN_PARTITION
 
 
 def _read_postgres_cdc(ctx: Context, t: TableDef):
@@ -118,7 +142,10 @@ def _read_postgres_cdc(ctx: Context, t: TableDef):
     return stream if names == list(catalog) else stream.select(*names)
 
 
-def _with_computed_columns(ctx: Context, t: TableDef, pos: Position, stream) -> Relation:
+def _with_computed_columns(ctx: Context, t: TableDef, pos: Position, stream,
+                           hidden: Optional[str] = None) -> Relation:
+    """The table's columns, computed ones added, then its watermark;
+    ``hidden``: a column read for the watermark's partitions only."""
     fields = [Field(t.name, col.name, col.name) for col in t.physical_columns]
     rel = Relation(stream, tuple(fields))
     for col in t.columns:
@@ -140,8 +167,15 @@ def _with_computed_columns(ctx: Context, t: TableDef, pos: Position, stream) -> 
         # a Kafka table's partitions each generate their own watermark, as
         # Flink's Kafka source does (docs/sql.md, "Kafka and other streams")
         partition = t.kafka_partition_column if t.connector.kind == "kafka" else None
+        idle = t.connector.idle_timeout_ms
+        if idle is None:
+            idle = ctx.settings.idle_timeout_ms
         rel = Relation(rel.stream.with_watermark(t.watermark.column, t.watermark.bound_ms,
-                                                 partition=partition), rel.fields)
+                                                 partition=partition, idle_timeout=idle),
+                       rel.fields)
+    if hidden is not None:
+        fields = tuple(f for f in rel.fields if f.name != hidden)
+        rel = Relation(rel.stream.select(*(f.column for f in fields)), fields)
     return rel
 
 

@@ -1,4 +1,4 @@
-"""A streaming ``ON CONFLICT DO NOTHING`` job (watermark, timers) run as its own
+"""A streaming ``ON CONFLICT DO NOTHING`` job (source watermarks, buffered changes) run as its own
 process by tests/operators/test_conflict_spark.py.
 
 argv: INPUT_DIR TABLE CHECKPOINT CHANGELOG [HANG_AFTER_BATCH]  (see job_progress)

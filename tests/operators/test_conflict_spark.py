@@ -1,14 +1,16 @@
 """ON CONFLICT DO NOTHING / DO ERROR on Spark (docs/semantics.md, section 3, last paragraphs).
 
-The materializer buffers changes per sink key until Spark's event-time
-watermark passes them.  These tests run the whole path: a changelog source with
+The materializer buffers changes per sink key until the watermark its source
+generates passes the one they arrived under (the sources' watermark rows, the
+runtime every event-time operator shares: docs/windows.md, "Watermarks from
+the source").  These tests run the whole path: a changelog source with
 ``with_watermark``, ``write_upsert(conflict=...)`` into a Delta table and a
-changelog, streaming (one file per micro-batch, timers firing between batches
-and in the extra batch Spark runs when only the watermark moved) and batch (end
-of input: everything is due).  The expected output is the operator run by the
-local runner on the same micro-batches with the watermark Spark uses for each
-(``max event time of the earlier batches - bound - 1 ms``): the Spark runtime
-must add nothing and lose nothing.
+changelog, streaming (one file per micro-batch: a batch's rows arrive under
+the watermark of the earlier batches and the watermark their own rows raise
+folds them in the same batch, as in Flink a watermark follows the rows that
+raised it) and batch (end of input: everything is due).  The expected output
+is the operator run by the local event-time runner on the same micro-batches:
+the Spark runtime must add nothing and lose nothing.
 """
 from __future__ import annotations
 
@@ -27,6 +29,9 @@ from spark_changelog.model import END_OF_INPUT_MS, KIND_COL, SEQ_COL, RowKind
 from spark_changelog.operators.sink_upsert_materializer import (PrimaryKeyConstraintViolation,
                                                                 SinkUpsertMaterializer)
 from spark_changelog.plan import PlanError
+from spark_changelog.model.partition_watermarks import EventTimeSpec
+from spark_changelog.model.watermark import BoundedOutOfOrderness
+from spark_changelog.runtime.event_time import LocalEventTimeRunner
 from spark_changelog.runtime.local import LocalRunner
 from spark_changelog.sinks.changelog import read_changelog
 from spark_changelog.sinks.delta import read_table
@@ -37,19 +42,19 @@ BOUND_MS = 0
 
 # (uk, pk, v, t): sink key pk, upsert key uk, event time t (ms)
 # A change is due once the watermark is above the one it arrived under (Flink
-# 2.3, see the operator's docstring): the changes of micro-batch N are folded
-# in the first later batch with a larger watermark.
+# 2.3, see the operator's docstring): the changes of micro-batch N arrive under
+# the watermark of batches < N and are folded by the larger watermark their
+# own rows raise at the end of batch N.
 FILES = [
-    # batch 0, no watermark yet: two upsert keys write sink key 10
+    # batch 0, no watermark yet: two upsert keys write sink key 10; the batch
+    # raises the watermark to 1299: DO NOTHING keeps the first (+I a), DO ERROR fails
     [["+I", [1, 10, "a", 1000]], ["+I", [2, 10, "b", 1200]], ["+I", [9, 90, "z", 1300]]],
-    # batch 1, watermark 1299: batch 0 is due: DO NOTHING keeps the first (+I a),
-    # DO ERROR fails
+    # batch 1, watermark 1299 -> 4999: c is due
     [["+I", [3, 20, "c", 5000]]],
-    # batch 2, watermark 4999: c is due; uk 1 changes a -> a2 (the -U is late by
-    # event time, but waits with its +U)
+    # batch 2, 4999 -> 5999: uk 1 changes a -> a2 (the -U is late by event
+    # time, but waits with its +U): the update folds into +U a2
     [["-U", [1, 10, "a", 1000]], ["+U", [1, 10, "a2", 6000]], ["+I", [5, 40, "e", 5500]]],
-    # batch 3, watermark 5999: the update folds into +U a2 (a timer: no input for pk 10);
-    # d waits for the extra batch Spark runs because the watermark moved (19999)
+    # batch 3, 5999 -> 19999: d is due; pk 40 (no row in this batch) too
     [["+I", [4, 30, "d", 20000]]],
 ]
 
@@ -83,24 +88,21 @@ def source(spark, directory, streaming):
 
 
 def expected(frames, conflict, streaming):
-    """(changelog per sink key, final table) from the local runner, batch by
-    batch with Spark's watermark schedule; batch = one batch at end of input."""
+    """(changelog per sink key, final table) from the local event-time runner,
+    batch by batch (rows under the watermark before the batch, then the
+    watermark they raise); batch = one batch at end of input."""
     op = SinkUpsertMaterializer(ARROW, ["pk"], upsert_key=["uk"], conflict=conflict)
-    runner = LocalRunner(op)
     outs = []
     if not streaming:
         # every row arrives before any watermark, then the end-of-input watermark
+        runner = LocalRunner(op)
         outs.append(runner.run_batch(pd.concat(frames, ignore_index=True), processing_time_ms=0))
         outs.append(runner.advance_watermark(END_OF_INPUT_MS, 0))
     else:
-        max_t = None
+        runner = LocalEventTimeRunner(op, EventTimeSpec(BoundedOutOfOrderness("t", BOUND_MS)))
         for f in frames:
-            wm = None if max_t is None else max_t - BOUND_MS - 1
-            outs.append(runner.run_batch(f, processing_time_ms=0, watermark_ms=wm))
-            if wm is not None:
-                outs.append(runner.advance_watermark(wm, 0))
-            max_t = max(int(f["t"].max()), max_t or int(f["t"].max()))
-        outs.append(runner.advance_watermark(max_t - BOUND_MS - 1, 0))   # the no-data batch
+            outs.append(runner.run_batch(pa.Table.from_pandas(f, schema=ARROW, preserve_index=False),
+                                         processing_time_ms=0))
     out = pd.concat([o for o in outs if len(o)], ignore_index=True)
     per_key: dict = {}
     for kind, vals in to_rows(out, COLS):
@@ -149,14 +151,17 @@ def test_do_nothing_keeps_first_row_and_waits_for_the_watermark(spark, tmp_path,
     else:
         # one fold at end of input: a, b, -U a, +U a2 leave [b, a2]: the first is kept
         assert want_log[10] == [["+I", [2, 10, "b", 1200]]]
-    # the last row is released by the watermark it raised: the extra batch
-    # without data (streaming), the end of input (batch)
+    # the last row is released by the watermark it raised: in its own batch
+    # (streaming), at the end of input (batch)
     assert got_table[30] == (4, 30, "d", 20000)
     if streaming:
         assert report.watermark_ms == 20000 - BOUND_MS - 1
-        assert report.counters.get("watermark_timers", 0) > 0
-    assert "SinkUpsertMaterializer" in report.plan and "NOTHING" in report.plan
+        assert report.event_time["partitions"] == {"x": 20000 - BOUND_MS - 1}
     assert "WatermarkAssigner(rowtime=[rt], watermark=[rt - 0 ms], generated=[" in report.plan
+    # explained as the windows' watermark is
+    assert ("SinkUpsertMaterializer(key=[pk], upsertKey=[uk], conflictStrategy=[NOTHING], "
+            "watermark=[generated at the source: x: rt - 0 ms, the minimum over the source "
+            "partitions, no idleness])") in report.plan, report.plan
 
 
 def test_do_error_stops_the_query_naming_the_key(spark, tmp_path):
@@ -164,10 +169,9 @@ def test_do_error_stops_the_query_naming_the_key(spark, tmp_path):
         run(spark, tmp_path, FILES, "error", True)
     msg = str(err.value)
     assert "pk=10" in msg and "v='a'" in msg and "v='b'" in msg
-    # batch 0 (both rows buffered, nothing emitted) committed; batch 1 failed whole
-    assert read_table(str(tmp_path / "table")).empty
-    log = read_changelog(tmp_path / "log")
-    assert set(log["_batch"]) <= {0} and log.empty
+    # batch 0 raised the watermark that folds its own rows: it failed whole
+    assert not os.path.exists(tmp_path / "table") or read_table(str(tmp_path / "table")).empty
+    assert not os.path.exists(tmp_path / "log") or read_changelog(tmp_path / "log").empty
 
 
 def test_do_error_batch(spark, tmp_path):
@@ -242,10 +246,10 @@ def test_conflict_nothing_needs_a_watermark_not_the_time_column(spark, tmp_path)
 
 
 @pytest.mark.slow
-def test_kill_and_restart_keeps_watermark_and_timers(tmp_path):
+def test_kill_and_restart_keeps_watermarks_and_buffered_changes(tmp_path):
     """SIGKILL the job inside batch 2 (after its sinks were written, before
-    Spark logged it), restart from the checkpoint: Spark replays batch 2 with
-    the watermark it had, timers and buffered changes come back from the state
+    Spark logged it), restart from the checkpoint: Spark replays batch 2, the
+    per-partition watermarks and buffered changes come back from the state
     store, and the table and the changelog equal an uninterrupted run's."""
     from kill_restart import crash_in_batch, restart
     frames = write_files(tmp_path / "in", FILES)

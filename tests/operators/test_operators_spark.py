@@ -12,11 +12,15 @@ import pytest
 
 from changelog_data import schema_of, set_arrival, to_frame, to_rows
 from spark_changelog.model import END_OF_INPUT_MS
+from spark_changelog.model.partition_watermarks import EventTimeSpec
+from spark_changelog.model.watermark import BoundedOutOfOrderness
 from spark_changelog.operators.aggregate.group_aggregate import GroupAggregate
 from spark_changelog.operators.deduplicate import ProcTimeKeepFirst, RowTimeKeepFirst, RowTimeKeepLast
 from spark_changelog.operators.top_n import RetractableTopN
+from spark_changelog.runtime.event_time import LocalEventTimeRunner
 from spark_changelog.runtime.local import LocalRunner
 from spark_changelog.runtime.pipeline import split_metrics
+from spark_changelog.runtime.spark_event_time import apply_event_time
 from spark_changelog.runtime.spark_keyed import apply_keyed
 from spark_changelog.runtime.spark_seen_keys import FIRST_STEP_TASKS_CONF
 from tests.reference.aggregate import RefGroupAggregate
@@ -81,9 +85,12 @@ def run_spark(spark, directory, operator, streaming, watermark=False):
     else:
         df = spark.read.schema(schema).parquet(directory)
     if watermark:
+        # an event-time operator: its own watermark, max(rt) - 1 ms
         df = df.withColumn("rt", F.timestamp_millis("t"))
-        df = df.withWatermark("rt", "1 millisecond") if streaming else df
-    out = apply_keyed(df, operator, key_groups=2)
+        out = apply_event_time(df, operator, EventTimeSpec(BoundedOutOfOrderness("rt", 0)),
+                               key_groups=2)
+    else:
+        out = apply_keyed(df, operator, key_groups=2)
     if not streaming:
         return [split_metrics(out.toArrow())[0]]
     batches = []
@@ -151,22 +158,22 @@ def test_streaming_and_batch_give_the_reference_table(spark, tmp_path, name):
 
 
 def test_rowtime_keep_first_waits_for_the_watermark_on_spark(spark, tmp_path):
-    """Streaming: each batch's candidates are emitted once Spark's watermark
-    (max event time of the earlier batches - 1 ms) passes them, as the local
-    runner does with the same watermarks; batch: the end of input emits all."""
+    """Streaming: a batch's rows arrive under the watermark of the earlier
+    batches (max event time - 1 ms) and the candidates are emitted once the
+    watermark passes them, the one their own batch raises included, as the
+    local event-time runner does; batch: the end of input emits all."""
     files = insert_only_files(seed=7)
     # a new key with the largest event time: no watermark ever passes it in streaming
     files[-1].append(["+I", [9, 0, 2999], files[-1][-1][2] + 1])
     write_files(tmp_path / "in", files)
     arrow = ARROW.insert(3, pa.field("rt", pa.timestamp("us", tz="UTC")))   # as Spark hands it over
 
-    local, out, max_t = LocalRunner(RowTimeKeepFirst(ARROW, ["k"], "t")), [], None
+    local = LocalEventTimeRunner(RowTimeKeepFirst(ARROW, ["k"], "t"),
+                                 EventTimeSpec(BoundedOutOfOrderness("t", 0)))
+    out = []
     for rows in files:
-        wm = None if max_t is None else max_t - 1
-        out += to_rows(local.run_batch(to_frame(rows, COLS), processing_time_ms=0,
-                                       watermark_ms=wm), COLS)
-        max_t = max([r[1][2] for r in rows] + ([max_t] if max_t is not None else []))
-        out += to_rows(local.advance_watermark(max_t - 1, processing_time_ms=0), COLS)
+        table = pa.Table.from_pandas(to_frame(rows, COLS), schema=ARROW, preserve_index=False)
+        out += to_rows(local.run_batch(table, processing_time_ms=0), COLS)
     expected_stream = sorted(tuple(v) for _, v in out)
     batch_runner = LocalRunner(RowTimeKeepFirst(ARROW, ["k"], "t"))
     batch_runner.run_batch(to_frame([r for f in files for r in f], COLS), processing_time_ms=0)

@@ -184,7 +184,13 @@ def test_ops_explain_and_order_rules():
     assert decide(agg.traits, ("n",)).inserted
     ev = WatermarkAssigner(Source("e", ("k", "t"), (), I), "t", 0)
     text = explain_plan(Deduplicate(ev, ("k",), "first", "t"))
-    assert "Deduplicate(keep=[FirstRow], key=[k], order=[ROWTIME(t)])" in text
+    # the watermark shown as a window's: the source's, per partition, idleness
+    assert ("Deduplicate(keep=[FirstRow], key=[k], order=[ROWTIME(t)], watermark=[generated at "
+            "the source: e: t - 0 ms, the minimum over the source partitions, no idleness])") in text
+    idle = WatermarkAssigner(Source("e", ("k", "t"), (), I), "t", 0, "k", idle_timeout_ms=5)
+    assert ("order=[ROWTIME(t)], watermark=[generated at the source: e per partition of k: t - 0 ms, "
+            "the minimum over the source partitions, idle after 5 ms])") in \
+        explain_plan(Deduplicate(idle, ("k",), "first", "t"))
     assert "waits for the watermark" in text
     assert ("Rank(strategy=[RetractStrategy], rankType=[ROW_NUMBER], rankRange=[rankStart=1, "
             "rankEnd=3], partitionBy=[level], orderBy=[id DESC], select=[*, rn])") in \

@@ -11,6 +11,9 @@ micro-batch (as tests/connectors/test_kafka.py does)."""
 from __future__ import annotations
 
 import json
+import re
+
+import pytest
 
 from spark_changelog.connectors import kafka
 from spark_changelog.sql.script import parse_script
@@ -69,7 +72,7 @@ def test_each_kafka_partition_is_a_watermark_partition_and_a_stalled_one_goes_id
     (p,), = [p for _, p in Translator(spark, script, streaming=True, key_groups=2).statements() if p]
     text = p.explain()
     assert "WatermarkAssigner(rowtime=[rt], watermark=[rt - 0 ms], generated=[at source clicks, " \
-           "per partition of p])" in text, text
+           "per partition of p, idle after 1 ms])" in text, text
     assert "watermark=[generated at the source: clicks per partition of p: rt - 0 ms, the minimum " \
            "over the source partitions, idle after 1 ms]" in text, text
 
@@ -85,16 +88,57 @@ def test_each_kafka_partition_is_a_watermark_partition_and_a_stalled_one_goes_id
     assert report.event_time["partitions"] == {"clicks/0": 200 * S - 1, "clicks/1": 150 * S - 1}
 
 
-def test_a_kafka_table_without_a_partition_column_is_one_watermark_partition(
+def test_a_kafka_table_without_a_partition_column_still_has_a_watermark_per_partition(
         spark, tmp_path, monkeypatch):
-    """Without ``METADATA FROM 'partition'`` the partition is not read: the
-    topic is one watermark partition, and the plan says so."""
-    write_records(tmp_path / "in", kafka_records(IDLE_FILES[:1]))
-    monkeypatch.setattr(kafka, "kafka_frame", lambda session, options, streaming:
-                        session.read.schema(KAFKA_ROW).json(str(tmp_path / "in")))
-    script = parse_script(SCRIPT.replace("  p INT METADATA FROM 'partition' VIRTUAL,\n", "")
-                          .format(out=tmp_path / "out"), "kafka_wm.sql")
+    """Without ``METADATA FROM 'partition'`` the partition is read anyway, as a
+    hidden column (Flink's Kafka source is per partition by default), and
+    the table's own ``'scan.watermark.idle-timeout'`` idles a stalled one:
+    the same fired windows, late row and per-partition watermarks as with a
+    declared partition column and ``SET 'table.exec.source.idle-timeout'``."""
+    write_records(tmp_path / "in", kafka_records(IDLE_FILES))
+    monkeypatch.setattr(kafka, "kafka_frame", lambda session, options, streaming: (
+        session.readStream.option("maxFilesPerTrigger", 1).schema(KAFKA_ROW)
+        .json(str(tmp_path / "in"))))
+    text = (SCRIPT.replace("SET 'table.exec.source.idle-timeout' = '1 ms';\n", "")
+            .replace("  p INT METADATA FROM 'partition' VIRTUAL,\n", "")
+            .replace("'format' = 'json'", "'format' = 'json', 'scan.watermark.idle-timeout' = '1 ms'"))
+    script = parse_script(text.format(out=tmp_path / "out"), "kafka_wm.sql")
     assert script.tables["clicks"].kafka_partition_column is None
-    (p,), = [p for _, p in Translator(spark, script, streaming=False, key_groups=2).statements()
+    assert script.tables["clicks"].connector.idle_timeout_ms == 1
+    (p,), = [p for _, p in Translator(spark, script, streaming=True, key_groups=2).statements()
              if p]
-    assert "generated=[at source clicks, one partition])" in p.explain()
+    plan = p.explain()
+    assert ("generated=[at source clicks, per partition of __kafka_partition, idle after 1 ms])"
+            in plan), plan
+    assert "Project(select=[u, t, rt])" in plan, plan   # the hidden column leaves after it
+    report = p.run(checkpoint=str(tmp_path / "ck"), changelog_path=str(tmp_path / "log"),
+                   late_output=str(tmp_path / "late"))
+    want_fired, want_late = local_reference(IDLE_FILES)
+    assert spark_fired(tmp_path / "log") == want_fired
+    assert report.late_rows == 1 and spark_late(tmp_path / "late") == want_late
+    assert report.event_time["partitions"] == {"clicks/0": 200 * S - 1, "clicks/1": 150 * S - 1}
+
+
+def test_flink_watermark_table_options(spark, tmp_path):
+    """FLIP-296's table options: 'scan.watermark.idle-timeout' is the table's
+    idle timeout (over SET's), 'scan.watermark.emit.strategy' = 'on-periodic'
+    is what runs; 'on-event' and watermark alignment are clear errors at the
+    option."""
+    from spark_changelog.sql.errors import SqlError, UnsupportedFeature
+    base = SCRIPT.format(out=tmp_path / "out")
+    with_opt = base.replace("'format' = 'json'", "'format' = 'json', {}")
+    script = parse_script(with_opt.format("'scan.watermark.idle-timeout' = '5 s', "
+                                          "'scan.watermark.emit.strategy' = 'on-periodic'"), "k.sql")
+    assert script.tables["clicks"].connector.idle_timeout_ms == 5000
+    for option, message in [
+            ("'scan.watermark.alignment.group' = 'g1'",
+             "'scan.watermark.alignment.group': watermark alignment (pausing a source that runs "
+             "ahead) is not supported"),
+            ("'scan.watermark.alignment.max-drift' = '1 min'", "watermark alignment"),
+            ("'scan.watermark.emit.strategy' = 'on-event'", "only 'on-periodic' is supported"),
+            ("'scan.watermark.idle-timeout' = 'soon'", "is not a duration")]:
+        with pytest.raises(SqlError, match=re.escape(message)) as err:
+            parse_script(with_opt.format(option), "k.sql")
+        assert ("alignment" in option or "on-event" in option) == \
+            isinstance(err.value, UnsupportedFeature), option
+        assert "k.sql:9:69:" in str(err.value), str(err.value)   # at the option
