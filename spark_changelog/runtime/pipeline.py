@@ -184,9 +184,6 @@ class RunReport:
         lines.append(f"time: {self.seconds:.1f} s" + (
             f"   ({self.rows_in / self.seconds:,.0f} changelog rows/s)"
             if self.seconds > 0 and self.rows_in else ""))
-        if self.watermark_ms is not None and "watermark_timers" in c:
-            lines.append(f"event-time watermark: {_iso_ms(self.watermark_ms)}   "
-                         f"watermark timers fired: {c['watermark_timers']}")
         if "windows_fired" in c:
             lines.append(f"windows fired: {c['windows_fired']}   updated (allowed lateness): "
                          f"{c.get('windows_refired', 0)}   late rows: {self.late_rows}"

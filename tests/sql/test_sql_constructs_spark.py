@@ -47,12 +47,12 @@ def table(s) -> Counter:
     return +out
 
 
-def api_source(spark, src):
+def api_source(spark, src, idle_timeout=None):
     s = read_changes(spark, str(src), format="changelog", changelog_file_format="parquet",
                      kind_column="op", seq_column="seq", schema="`k` STRING, `v` BIGINT, "
                      "`t` BIGINT", name="s", mode="insert-only")
     return s.with_column("pt", "current_timestamp()", deterministic=False).with_column(
-        "rt", "TIMESTAMP_MILLIS(`t`)").with_watermark("rt", 999)
+        "rt", "TIMESTAMP_MILLIS(`t`)").with_watermark("rt", 999, idle_timeout=idle_timeout)
 
 
 def test_having_filters_the_aggregate_with_a_hidden_call(spark, src):
@@ -102,7 +102,8 @@ def test_hop_with_window_time_lateness_and_idleness_settings(spark, src):
     assert "WindowAggregate(groupBy=[k], window=[HOP(slide=1 min, size=2 min)], " \
            "select=[MAX(v) AS mx], allowedLateness=[30000 ms]" in text
     assert "idle after 5 s" in text or "5000 ms" in text, text
-    api = api_source(spark, src).window(
+    # SET's idle timeout is every source's (the source's watermark carries it)
+    api = api_source(spark, src, idle_timeout="5 s").window(
         ("rt", s.node.input.input.window), idle_timeout="5 s", allowed_lateness="30 s") \
         .aggregate(by=["k"], key_groups=2, mx="max(v)").select(
             "k", "window_start", "window_end",
