@@ -400,13 +400,14 @@ def run_to_sink(df, table, *, key, schema: pa.Schema, checkpoint: Optional[str] 
         raise ValueError("a streaming run needs a checkpoint directory (checkpoint=...)")
     remote = runs_remote(df)
     failure: list = []
+    clear_batch_records(handler.reports_dir)    # a dead run's leftovers (one query per checkpoint)
 
     def main_batch(bdf, batch_id):
         # classic PySpark: this runs in this process (Py4J callback), so the
         # report and the callbacks are updated inside the batch, before Spark
         # records it as done
         try:
-            report.apply_batch(handler(bdf, batch_id))
+            report.apply_batch(handler.run_batch(bdf, batch_id))
         except Exception as err:    # re-raised as itself below, not as Spark's wrapper
             failure.append(err)
             raise
@@ -424,6 +425,7 @@ def run_to_sink(df, table, *, key, schema: pa.Schema, checkpoint: Optional[str] 
             for record in read_batch_records(handler.reports_dir, run_id):
                 if report.apply_batch(record):
                     after_batch()
+                remove_batch_record(handler.reports_dir, record["batch_id"])
 
     try:
         with operator_errors(), _stop_on_ctrl_c(handler.request_stop):
@@ -462,11 +464,16 @@ def runs_remote(df) -> bool:
 REPORTS_DIR = "reports"
 
 
+def _record_path(directory: str, batch_id: int) -> str:
+    return os.path.join(directory, f"{batch_id:09d}.json")
+
+
 def write_batch_record(directory: str, record: dict) -> None:
     """One micro-batch's report record, ``<batch id>.json``, written whole
-    (temp file + rename); a replayed batch overwrites its record."""
+    (temp file + rename); a replayed batch overwrites its record.  The client
+    removes it once folded in (:func:`remove_batch_record`)."""
     os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, f"{record['batch_id']:09d}.json")
+    path = _record_path(directory, record["batch_id"])
     with open(path + ".tmp", "w") as f:
         json.dump(record, f, default=str)
     os.replace(path + ".tmp", path)
@@ -483,6 +490,20 @@ def read_batch_records(directory: str, run_id: str) -> list[dict]:
                 if record.get("run") == run_id:
                     out.append(record)
     return out
+
+
+def remove_batch_record(directory: str, batch_id: int) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(_record_path(directory, batch_id))
+
+
+def clear_batch_records(directory: str) -> None:
+    """Remove what earlier runs left in the reports directory (records, stop
+    requests, failures)."""
+    if os.path.isdir(directory):
+        for name in os.listdir(directory):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(directory, name))
 
 
 class BatchHandler:
@@ -529,14 +550,19 @@ class BatchHandler:
             return []
 
     def __call__(self, bdf, batch_id) -> dict:
-        """foreachBatch: the batch, then its record in the checkpoint."""
+        """foreachBatch in another process (Spark Connect): the batch, then its
+        record in the checkpoint for the client to fold in."""
+        record = self.run_batch(bdf, batch_id)
+        write_batch_record(self.reports_dir, record)
+        return record
+
+    def run_batch(self, bdf, batch_id) -> dict:
+        """One micro-batch -> its record; a stop request stops before it."""
         try:
             if os.path.exists(self._stop_path):
                 # before this batch touches state or a sink: it is redone on resume
                 raise _StopRequested()
-            record = self.run(bdf, int(batch_id), _query_id(self.main_checkpoint))
-            write_batch_record(self.reports_dir, record)
-            return record
+            return self.run(bdf, int(batch_id), _query_id(self.main_checkpoint))
         except Exception as err:
             self._save_failure(err)
             raise

@@ -9,7 +9,8 @@ import pickle
 import pyarrow as pa
 import pytest
 
-from spark_changelog.runtime.pipeline import BatchHandler, RunReport, read_batch_records, write_batch_record
+from spark_changelog.runtime.pipeline import (BatchHandler, RunReport, clear_batch_records, read_batch_records,
+                                              remove_batch_record, write_batch_record)
 from spark_changelog.sinks.delta import DeltaUpsertSink
 
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string())])
@@ -53,6 +54,10 @@ def test_records_are_read_back_by_run_and_fold_in_once(tmp_path):
     assert (report.batches, report.replayed_batches, report.changes_out, report.upserted, report.deleted,
             report.invalid, report.counters["superseded"], report.sink_writes) == \
         (2, 1, 4, 3, 1, 2, 2, {"merge": 1})
+    remove_batch_record(h.reports_dir, 1)      # folded in: the client removes it
+    assert [r["batch_id"] for r in read_batch_records(h.reports_dir, "run-1")] == [2]
+    clear_batch_records(h.reports_dir)         # a new run starts clean
+    assert read_batch_records(h.reports_dir, "run-0") == []
 
 
 def test_a_stop_request_and_a_failure_travel_through_the_checkpoint(tmp_path):
