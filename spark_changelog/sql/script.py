@@ -608,9 +608,11 @@ class _Builder:
         if kind is None and expression is None and not proctime:
             raise self.error(f"column {node.name!r} needs a type (or AS expression)", pos)
         if kind is not None and any(t.this in _UNSUPPORTED_TYPES for t in kind.find_all(exp.DataType)):
-            raise self.error(f"column {node.name!r}: type TIME is not supported yet (Spark 4's "
-                             "file sources and its Arrow exchange with Python do not take TIME; "
-                             "store the time of day as a STRING or an INT of seconds)",
+            raise self.error(f"column {node.name!r}: type TIME is not supported (Spark's TIME "
+                             "needs 'spark.sql.timeType.enabled' and Delta tables have no TIME "
+                             "type; docs/sql.md, \"Types\"): store the time of day as a STRING or "
+                             "an INT of seconds (Debezium's io.debezium.time.Time/MicroTime/"
+                             "NanoTime numbers read into BIGINT)",
                              node_position(node, pos), UnsupportedFeature)
         if metadata_key is not None and (kind is None or expression is not None or proctime):
             raise self.error(f"metadata column {node.name!r} needs a type and no AS expression", pos)

@@ -336,7 +336,9 @@ def test_declared_types_row_parses_time_is_not_supported_yet():
         parse_script("CREATE TABLE s (k BIGINT,\n  t TIME(0)) WITH ('connector' = 'filesystem', "
                      "'path' = 'in', 'format' = 'debezium-json');", "t.sql")
     assert (e.value.line, e.value.col) == (2, 3)
-    assert e.value.message.startswith("column 't': type TIME is not supported yet")
+    assert e.value.message.startswith("column 't': type TIME is not supported (Spark's TIME needs "
+                                      "'spark.sql.timeType.enabled' and Delta tables have no TIME")
+    assert "BIGINT" in e.value.message
 
 
 def test_insert_values_and_ctas_parse():
