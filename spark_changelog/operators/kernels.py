@@ -8,6 +8,7 @@ at once with numpy, so no operator loops over keys or rows in Python
 from __future__ import annotations
 
 import warnings
+from decimal import Decimal
 from typing import Optional, Sequence
 
 import numpy as np
@@ -284,7 +285,91 @@ def stable_order(df: pd.DataFrame, columns: Sequence[str]) -> np.ndarray:
     """The permutation ``df.sort_values(columns, kind="stable")`` applies, as
     positions: one ``np.lexsort`` over :func:`sort_arrays` (pandas factorizes
     and sorts every key column's values first, ~3x slower on integer keys)."""
-    arrays = sort_arrays(df, columns)
+    return stable_order_ties(df, columns)[0]
+
+
+def stable_order_ties(df: pd.DataFrame, columns: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`stable_order` and, in that order, ``tied[i]``: row ``i + 1``
+    equals row ``i`` on every column (nulls equal nulls), from the same
+    arrays."""
     if not len(df):
-        return np.zeros(0, dtype=np.int64)
-    return np.lexsort(tuple(reversed(arrays)))
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool)
+    arrays = sort_arrays(df, columns)
+    order = np.lexsort(tuple(reversed(arrays)))
+    tied = np.ones(len(df) - 1, dtype=bool)
+    for a in arrays:
+        s = a[order]
+        same = s[1:] == s[:-1]
+        if s.dtype.kind == "f":
+            same |= np.isnan(s[1:]) & np.isnan(s[:-1])
+        tied &= same
+    return order, tied
+
+
+def value_sort_arrays(col: pd.Series) -> list[np.ndarray]:
+    """Like :func:`sort_arrays`, for one column of any type: arrays whose
+    lexicographic order is a total order of its values, equal iff the values
+    are (for :func:`break_ties`).  Floats add their sign bit (``-0.0`` and
+    ``0.0`` compare equal but are different bytes); ARRAY, MAP and ROW values
+    (numpy arrays, lists of pairs, dicts: unhashable) are ordered by a
+    canonical text of the value (:func:`canonical_text`)."""
+    dtype = col.dtype
+    if isinstance(dtype, np.dtype) and dtype.kind == "f":
+        values = col.to_numpy()
+        return [values, np.signbit(values)]
+    frame = col.to_frame("c")
+    try:
+        return sort_arrays(frame, ["c"])
+    except TypeError:
+        codes, uniques = pd.factorize(col.map(canonical_text, na_action="ignore"), sort=True)
+        return [np.where(codes < 0, len(uniques), codes)]
+
+
+def canonical_text(value) -> str:
+    """A text equal for equal ARRAY/MAP/ROW values (nested numpy arrays,
+    lists, tuples and dicts as pandas holds them) and different otherwise."""
+    return repr(_plain_value(value))
+
+
+def _plain_value(value):
+    if isinstance(value, dict):
+        return tuple((k, _plain_value(v)) for k, v in value.items())
+    if isinstance(value, (np.ndarray, list, tuple)):
+        return tuple(_plain_value(v) for v in value)
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, Decimal):
+        return ("decimal", str(value))
+    return value
+
+
+def break_ties(df: pd.DataFrame, order: np.ndarray, tied: np.ndarray, columns: Sequence[str],
+               leading: Sequence[np.ndarray] = ()) -> np.ndarray:
+    """``order`` (a permutation of the rows of ``df``; ``tied[i]``: its
+    ``i + 1``-th row ties with its ``i``-th on the order so far) with each run
+    of tied rows ordered by the ``leading`` arrays (one value per row of
+    ``df``), then by ``columns`` (:func:`value_sort_arrays`), left to right;
+    other rows keep their place.  Only the tied rows are looked at, and a
+    column only while ties remain, so the cost follows the ties, not the batch
+    (an update's ``-U``/``+U`` pair is ordered by its kinds alone)."""
+    order = np.array(order, dtype=np.int64)
+    if len(order) < 2 or not tied.any():
+        return order
+    involved = np.zeros(len(order), dtype=bool)
+    involved[1:] |= tied
+    involved[:-1] |= tied
+    pos = np.flatnonzero(involved)
+    rows = order[pos]
+    keys = [np.cumsum(np.r_[True, ~tied])[pos]]
+    sources = [[np.asarray(a)[rows]] for a in leading] + list(columns)
+    for source in sources:
+        keys += source if isinstance(source, list) else value_sort_arrays(df[source].take(rows))
+        sub = np.lexsort(tuple(reversed(keys)))
+        still = np.ones(len(pos) - 1, dtype=bool)
+        for k in keys:
+            s = k[sub]
+            still &= (s[1:] == s[:-1]) | (pd.isna(s[1:]) & pd.isna(s[:-1]))
+        if not still.any():
+            break
+    order[pos] = rows[sub]
+    return order

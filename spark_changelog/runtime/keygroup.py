@@ -6,29 +6,44 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from ..model import SEQ_COL
+from ..model import KIND_COL, SEQ_COL
+from ..model.rowkind import IS_ADD
 from ..operators.base import KeyedOperator, OpContext
-from ..operators.kernels import stable_order
+from ..operators.kernels import break_ties, stable_order_ties
 from ..operators.keys import distinct_keys
 from .state_runs import RunStack, concat_rows
 
 
 def sort_rows(rows: pd.DataFrame, key) -> pd.DataFrame:
-    """Per-key order comes from ``_seq`` only (stable for equal ``_seq``), never
-    from arrival order: shuffles do not keep it (docs/semantics.md, section 2).  Rows Spark
-    already sorted (``spark_keyed`` sorts a batch's input before the Python
-    step) are only checked, not sorted again."""
+    """A key group's rows in one total order, never arrival order (shuffles
+    do not keep it, docs/semantics.md section 2): by key, then ``_seq``, and
+    rows that tie on both retractions first (``-U`` before ``+U``, the order
+    an update's halves sharing one ``_seq`` come in, model/schema.py), then by
+    ``_kind``, then by all other columns, in their order (docs/runtime.md,
+    "Replay is deterministic").  Rows already in order are only checked,
+    not sorted again; only tied rows are looked at for the tie-breaker."""
     columns = list(key) + [SEQ_COL]
-    if is_sorted(rows, columns):
-        return rows.reset_index(drop=True)
-    return rows.take(stable_order(rows, columns)).reset_index(drop=True)
+    rows = rows.reset_index(drop=True)
+    tied = sorted_ties(rows, columns)
+    if tied is None:
+        order, tied = stable_order_ties(rows, columns)
+    elif not tied.any():
+        return rows
+    else:
+        order = np.arange(len(rows))
+    if tied.any():
+        ties = [c for c in rows.columns if c not in columns and c != KIND_COL]
+        kind = rows[KIND_COL].to_numpy(dtype=np.int64)
+        order = break_ties(rows, order, tied, ties, leading=(IS_ADD[kind], kind))
+    return rows.take(order).reset_index(drop=True)
 
 
-def is_sorted(rows: pd.DataFrame, columns) -> bool:
-    """Whether ``rows`` are in ascending lexicographic order of ``columns``
-    (vectorized; a null or incomparable value answers False)."""
+def sorted_ties(rows: pd.DataFrame, columns) -> Optional[np.ndarray]:
+    """``None`` unless ``rows`` are in ascending lexicographic order of
+    ``columns`` (vectorized; a null or incomparable value answers None); else
+    ``tied``: ``tied[i]`` when row ``i + 1`` equals row ``i`` on every column."""
     if len(rows) < 2:
-        return True
+        return np.zeros(max(len(rows) - 1, 0), dtype=bool)
     ahead = np.zeros(len(rows) - 1, dtype=bool)    # strictly greater on an earlier column
     tied = np.ones(len(rows) - 1, dtype=bool)
     try:
@@ -37,21 +52,21 @@ def is_sorted(rows: pd.DataFrame, columns) -> bool:
             if isinstance(col.dtype, pd.DatetimeTZDtype):
                 # to_numpy() would box every value as a Timestamp object
                 if col.isna().any():
-                    return False
+                    return None
                 v = col.array.asi8
             else:
                 v = col.to_numpy()
             if v.dtype == object or v.dtype.kind == "f":
                 if pd.isna(v).any():
-                    return False
+                    return None
             prev, cur = v[:-1], v[1:]
             if not np.all(ahead | ~tied | (cur >= prev)):
-                return False
+                return None
             ahead |= tied & (cur > prev)
             tied &= cur == prev
     except TypeError:
-        return False
-    return True
+        return None
+    return tied
 
 
 def process_key_group(operator: KeyedOperator, stack: Optional[RunStack], rows: pd.DataFrame,

@@ -72,9 +72,11 @@ class LocalRunner:
 
 
 def one_row_at_a_time(operator: KeyedOperator, rows: pd.DataFrame, **kw) -> pd.DataFrame:
-    """Feed rows one per batch, in ``_seq`` order: the semantics every batching must equal."""
+    """Feed rows one per batch, in ``_seq`` order: the semantics every batching
+    must equal.  Rows of one key with equal ``_seq`` come in the order a batch
+    sorts them in (``sort_rows``: retractions first, then by value)."""
     runner = LocalRunner(operator)
-    ordered = rows.sort_values(SEQ_COL, kind="stable")
+    ordered = sort_rows(rows, operator.key).sort_values(SEQ_COL, kind="stable")
     return runner.run((ordered.iloc[[i]] for i in range(len(ordered))), **kw)
 
 

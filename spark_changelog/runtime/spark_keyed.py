@@ -152,7 +152,10 @@ class KeyGroupProcessor(StatefulProcessor):
                 self.runs.updateValue((run.id,), (blobs[run.id],))
                 WORKER_CACHE.put(run)
                 written += run.size
-        for rid in before.difference(after):
+        # in the order of the stored list, never a set's (hash-seeded per
+        # process): a replay writes the same state file, byte for byte
+        kept = set(after)
+        for rid in (r for r in run_ids if r not in kept):
             self.runs.removeKey((rid,))
             WORKER_CACHE.discard(rid)
         self.meta.update((json.dumps({"runs": after, "key_groups": self.key_groups,

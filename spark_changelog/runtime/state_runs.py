@@ -101,7 +101,8 @@ class Run:
     # -- (de)serialization: Arrow IPC, compressed ------------------------------
     def to_bytes(self, schema: pa.Schema) -> bytes:
         # nthreads=1: a thread pool per small conversion costs more than it saves
-        table = pa.Table.from_pandas(self.rows, schema=schema, preserve_index=False, nthreads=1)
+        table = canonical_table(pa.Table.from_pandas(self.rows, schema=schema,
+                                                     preserve_index=False, nthreads=1))
         sink = io.BytesIO()
         with pa.ipc.new_stream(sink, table.schema,
                                options=pa.ipc.IpcWriteOptions(compression="lz4")) as w:
@@ -112,6 +113,37 @@ class Run:
     def from_bytes(cls, run_id: str, blob: bytes, key: Sequence[str]) -> "Run":
         table = pa.ipc.open_stream(pa.BufferReader(blob)).read_all()
         return cls.build(table.to_pandas(maps_as_pydicts="strict"), key, run_id)
+
+
+def canonical_table(table: pa.Table) -> pa.Table:
+    """``table`` with bytes that depend on its values only (docs/runtime.md,
+    "Replay is deterministic"): equal rows held with other pandas dtypes (an
+    integer column with nulls is object when an operator computed it, float64
+    after a decode, i.e. a worker cache hit against a miss) otherwise differ
+    in pandas' schema metadata (the frame's numpy dtypes) and in the bytes
+    under null slots (0, or what casting NaN left), so a replay would write
+    other bytes under another run id.  Fixed-width columns get zeros under
+    their nulls (one ``fill_null`` per column with nulls)."""
+    columns = []
+    for col in table.columns:
+        t = col.type
+        if col.null_count and (pa.types.is_integer(t) or pa.types.is_floating(t)
+                               or pa.types.is_temporal(t) or pa.types.is_decimal(t)
+                               or pa.types.is_fixed_size_binary(t)):
+            col = _zero_null_slots(col.combine_chunks())
+        columns.append(col)
+    return pa.table(columns, schema=table.schema.remove_metadata())
+
+
+def _zero_null_slots(arr: pa.Array) -> pa.Array:
+    """A fixed-width array equal to ``arr`` with zero bytes under its nulls."""
+    width = arr.type.byte_width
+    data = np.frombuffer(arr.buffers()[1], dtype=np.uint8)[
+        arr.offset * width:(arr.offset + len(arr)) * width].reshape(len(arr), width).copy()
+    valid = arr.is_valid()
+    data[~valid.to_numpy(zero_copy_only=False)] = 0
+    return pa.Array.from_buffers(arr.type, len(arr), [valid.buffers()[1], pa.py_buffer(data)],
+                                 null_count=arr.null_count)
 
 
 def name_new_runs(runs: Sequence[Run], scope: str, schema: pa.Schema) -> dict[str, bytes]:

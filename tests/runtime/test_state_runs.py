@@ -99,6 +99,22 @@ def test_run_ids_are_digests_of_scope_runs_below_and_content():
     assert other[1][1][-1] != first[1][1][-1] and other[2][1][-1] != first[2][1][-1]
 
 
+def test_a_runs_bytes_follow_its_values_not_the_frames_dtypes():
+    """The same rows held with other pandas dtypes (an integer column with
+    nulls is object when an operator computed it, float64 after a decode: a
+    worker cache hit against a miss) give the same bytes, so a replay names
+    and writes the same run (issue #26: a replay's blob differed only in
+    pandas' metadata)."""
+    schema = run_schema(pa.schema([("id", pa.int64()), ("level", pa.int64()), ("attr", pa.string())]))
+    computed = pd.DataFrame({"id": [1, 2], "level": pd.Series([10, None], dtype=object),
+                             "attr": ["a", None], "__cleared": [False, False]})
+    first = Run.build(computed, ["id"]).to_bytes(schema)
+    decoded = Run.from_bytes("x", first, ["id"])
+    assert decoded.rows["level"].dtype != computed["level"].dtype
+    assert decoded.to_bytes(schema) == first
+    assert Run.build(computed.assign(level=[10.0, float("nan")]), ["id"]).to_bytes(schema) == first
+
+
 def test_full_merge_drops_expired_state_and_cleared_markers():
     op = ChangelogNormalize(SCHEMA, ["id"], tombstone_retention_ms=100)
     stack = RunStack(["id"], growth=1.0)
