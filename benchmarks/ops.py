@@ -194,12 +194,12 @@ def main(argv=None) -> None:
     from pyspark.sql import Window, functions as F
     from spark_changelog.api import ChangelogStream, read_debezium
     from spark_changelog.runtime.session import build_session
-    from spark_changelog.runtime.spark_keyed import DEFAULT_KEY_GROUPS
+    from spark_changelog.runtime.spark_keyed import session_key_groups
     from spark_changelog.model import ChangelogMode
 
-    kg = args.key_groups or DEFAULT_KEY_GROUPS
     work = args.work or tempfile.mkdtemp(prefix="bench-ops-")
     spark = build_session("bench-ops")
+    kg = args.key_groups or session_key_groups(spark)
     t0 = time.perf_counter()
     ins_dir, cdc_dir = os.path.join(work, "inserts"), os.path.join(work, "debezium")
     n_ins = generate_inserts(ins_dir, args.rows, args.keys, args.batch)

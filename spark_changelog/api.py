@@ -34,7 +34,6 @@ from .plan.nodes import (Aggregate, ApplyAs, Deduplicate, Filter, History, Join,
                          ProjectItem, Sink, Source, TopN, UnionAll, WatermarkAssigner, WindowAggregate,
                          WindowTableFunction, source_leaves)
 from .plan.rules import PlanError, fold_micro_batches, optimize, plan_sink
-from .runtime.spark_keyed import DEFAULT_KEY_GROUPS
 
 JoinOn = Union[str, Sequence[Union[str, tuple]], dict, None]
 
@@ -42,6 +41,12 @@ JoinOn = Union[str, Sequence[Union[str, tuple]], dict, None]
 _STATEFUL = {Normalize: "ChangelogNormalize", History: "ScdType2History", Join: "Join",
              Deduplicate: "Deduplicate",
              Aggregate: "GroupAggregate", TopN: "Rank", WindowAggregate: "WindowAggregate"}
+
+#: the key-group count of a window aggregation built here (its checkpoints
+#: record it in their plan; SQL's windows use the runtime's own count,
+#: ``spark_event_time.EVENT_TIME_KEY_GROUPS``).  Keyed operators default to
+#: ``None``: the checkpoint's count, else ``model.partitioning.default_key_groups``
+WINDOW_KEY_GROUPS = 32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,7 +145,7 @@ class ChangelogStream:
                   state_ttl_ms: Optional[int] = None,
                   tombstone_retention_ms: Optional[int] = DAY_MS,
                   generate_update_before: bool = True,
-                  key_groups: int = DEFAULT_KEY_GROUPS) -> "ChangelogStream":
+                  key_groups: Optional[int] = None) -> "ChangelogStream":
         """ChangelogNormalize: keep the last change per key (docs/semantics.md, section 5)."""
         key = as_key(key) or self.traits.primary_key
         if not key:
@@ -156,7 +161,7 @@ class ChangelogStream:
                 track_history: Optional[Sequence[str]] = None,
                 track_history_except: Optional[Sequence[str]] = None,
                 ignore_null_updates: bool = False,
-                key_groups: int = DEFAULT_KEY_GROUPS) -> "ChangelogStream":
+                key_groups: Optional[int] = None) -> "ChangelogStream":
         """SCD type 2 history of the changes of each ``key`` (default: the
         primary key): one row per version with ``__START_AT``/``__END_AT``,
         keyed by ``key`` + ``__START_AT``, exact whatever order the changes
@@ -486,7 +491,7 @@ class ChangelogStream:
     # -- join -------------------------------------------------------------------
     def join(self, other: "ChangelogStream", on: JoinOn = None, *, left_on=None, right_on=None,
              how: str = "inner", condition=None, state_ttl_ms=None,
-             key_groups: int = DEFAULT_KEY_GROUPS) -> "ChangelogStream":
+             key_groups: Optional[int] = None) -> "ChangelogStream":
         """Regular (unbounded) stream-stream join (docs/semantics.md, section 4).
 
         ``on``: ``[("level", "id"), ...]`` pairs (left column, right column), a
@@ -534,7 +539,7 @@ class ChangelogStream:
                      materialize: str = "auto", conflict: Optional[str] = None,
                      require_on_conflict: bool = False,
                      materializer_ttl_ms: Optional[int] = None,
-                     key_groups: int = DEFAULT_KEY_GROUPS, late_output: Optional[str] = None,
+                     key_groups: Optional[int] = None, late_output: Optional[str] = None,
                      trigger: Optional[str] = None, until=None):
         """Write the stream to an upsert table (a Delta path or an ``UpsertSink``);
         see :func:`spark_changelog.runtime.pipeline.run_to_sink`.
@@ -657,7 +662,7 @@ class WindowedStream:
     allowed_lateness_ms: int = 0
 
     def aggregate(self, by: Union[str, Sequence[str], None] = None, *,
-                  key_groups: int = DEFAULT_KEY_GROUPS, **aggregates) -> ChangelogStream:
+                  key_groups: int = WINDOW_KEY_GROUPS, **aggregates) -> ChangelogStream:
         """GROUP BY ``by`` + window_start + window_end; ``aggregates``:
         ``name="count(*)"``, ``"count(col)"``, ``"count(distinct col)"``,
         ``"sum(col)"``, ``"avg(col)"``, ``"min(col)"``, ``"max(col)"``.  The

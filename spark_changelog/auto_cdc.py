@@ -29,7 +29,6 @@ from typing import Optional, Sequence, Union
 from .api import ChangelogStream
 from .model import KIND_COL, SEQ_COL, ChangelogMode, RowKind, as_key
 from .model.history import history_columns
-from .runtime.spark_keyed import DEFAULT_KEY_GROUPS
 
 Names = Union[str, Sequence[str], None]
 
@@ -63,7 +62,7 @@ def auto_cdc_stream(source, keys: Names, sequence_by=None, apply_as_deletes=None
                     track_history_column_list: Optional[Sequence[str]] = None,
                     track_history_except_column_list: Optional[Sequence[str]] = None,
                     ignore_null_updates: bool = False,
-                    key_groups: int = DEFAULT_KEY_GROUPS) -> ChangelogStream:
+                    key_groups: Optional[int] = None) -> ChangelogStream:
     """The stream :func:`create_auto_cdc_flow` writes (for ``explain``, or to
     write it elsewhere)."""
     scd = str(stored_as_scd_type)
@@ -117,7 +116,7 @@ def create_auto_cdc_flow(target, source, keys: Names, sequence_by=None, apply_as
                          track_history_except_column_list: Optional[Sequence[str]] = None,
                          ignore_null_updates: bool = False, checkpoint: Optional[str] = None,
                          changelog_path: Optional[str] = None, dead_letter: Optional[str] = None,
-                         strict: bool = False, key_groups: int = DEFAULT_KEY_GROUPS):
+                         strict: bool = False, key_groups: Optional[int] = None):
     """Run an Auto CDC flow from ``source`` into ``target`` (a Delta path or
     an ``UpsertSink`` such as ``PostgresUpsertSink``); arguments as Spark's
     ``create_auto_cdc_flow`` (module docstring), plus Databricks'

@@ -178,6 +178,17 @@ def cmd_check(args) -> int:
     return 0 if report.ok else 1
 
 
+def cmd_rescale(args) -> int:
+    """Rewrite a stopped query's checkpoint to another key-group count
+    (docs/runtime.md, "Key groups and rescaling")."""
+    from .plan.fingerprint import rescale_fingerprint
+    from .runtime.rescale import rescale_checkpoint
+    spark = _session(args)
+    report = rescale_checkpoint(spark, args.checkpoint, args.key_groups, edit=rescale_fingerprint)
+    print(report.summary())
+    return 0
+
+
 def cmd_plot_watermarks(args) -> int:
     from .runtime.late_output import plot_event_time
     print(plot_event_time(args.directory, args.output))
@@ -219,7 +230,9 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--kind-column", default="op", help="kind column of --format changelog input")
     n.add_argument("--seq-column", default=None, help="sequence column of --format changelog input")
     n.add_argument("--state-ttl-ms", type=int, default=None)
-    n.add_argument("--key-groups", type=int, default=32)
+    n.add_argument("--key-groups", type=int, default=None, metavar="N",
+                   help="key groups of the keyed operator: the most tasks it runs in parallel "
+                        "(default: the checkpoint's count, else 256); `rescale` changes it")
     n.add_argument("--max-files-per-trigger", type=int, default=None)
     n.add_argument("--scd-type", type=int, choices=[1, 2], default=1,
                    help="1: the table (keep last per key); 2: the history, one row per version "
@@ -281,6 +294,13 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--files-only", action="store_true",
                    help="check the files only, without reading the state through Spark")
     k.set_defaults(func=cmd_check)
+
+    s = sub.add_parser("rescale", help="rewrite a stopped query's checkpoint to another key-group "
+                                       "count (the most tasks its keyed operators run in parallel)")
+    s.add_argument("checkpoint", help="the --checkpoint directory of `run` or `normalize`")
+    s.add_argument("--key-groups", type=int, required=True, metavar="N",
+                   help="the new key-group count of every keyed operator")
+    s.set_defaults(func=cmd_rescale)
 
     w = sub.add_parser("plot-watermarks", help="PNG of event time vs watermark vs arrival (and "
                                                "late rows) of a finished window query, from its "

@@ -26,6 +26,13 @@ FILES = [
 ]
 AFTER_BATCH_1 = [(1, "a2", 2), (3, "c", 1), (4, "d", 1)]
 EXPECTED_TABLE = [(1, "a3", 3), (2, "b2", 3), (3, "c3", 4), (5, "e", 1)]
+#: the emitted changelog of a normalize over the four files, (kind, id, name, score)
+EXPECTED_CHANGELOG = [
+    ("+I", 1, "a", 1), ("+I", 2, "b", 1), ("+I", 3, "c", 1),
+    ("-U", 1, "a", 1), ("+U", 1, "a2", 2), ("-D", 2, "b", 1), ("+I", 4, "d", 1),
+    ("-U", 3, "c", 1), ("+U", 3, "c2", 2), ("+I", 2, "b2", 3), ("-U", 1, "a2", 2), ("+U", 1, "a3", 3),
+    ("-D", 4, "d", 1), ("-U", 3, "c2", 2), ("+U", 3, "c3", 4), ("+I", 5, "e", 1),
+]
 
 
 def write_input(directory) -> None:

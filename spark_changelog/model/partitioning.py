@@ -8,6 +8,28 @@ we repartition by ids chosen to hash where we want them.
 """
 from __future__ import annotations
 
+#: the fewest key groups a keyed operator gets by default: a Python call per
+#: key group and micro-batch costs a few state round trips, so more groups
+#: than tasks cost CPU on a laptop (docs/runtime.md, "Why key groups")
+MIN_KEY_GROUPS = 32
+#: the most (Flink's bound of its max parallelism)
+MAX_KEY_GROUPS = 32768
+#: the count of checkpoints written before ``plan-fingerprint.json``
+#: recorded one (docs/runtime.md, "Key groups and rescaling")
+LEGACY_KEY_GROUPS = 32
+
+
+def default_key_groups(state_partitions: int) -> int:
+    """A keyed operator's key-group count when neither the script nor its
+    checkpoint sets one: Flink's rule for a default max parallelism
+    (``1.5 x`` the parallelism rounded up to a power of two), over the
+    stateful stage's parallelism, the state partitions
+    (``spark.sql.shuffle.partitions``), between :data:`MIN_KEY_GROUPS` and
+    :data:`MAX_KEY_GROUPS`.  The count never caps the stage: 2 partitions
+    (``local[2]``) give 32, 200 or 256 give 512."""
+    want = max(1, state_partitions + (state_partitions + 1) // 2)
+    return min(max(1 << (want - 1).bit_length(), MIN_KEY_GROUPS), MAX_KEY_GROUPS)
+
 
 def murmur3_int(value: int, seed: int = 42) -> int:
     """Spark's ``hash()`` of an INT (Murmur3 x86 32-bit, seed 42): what its

@@ -12,8 +12,9 @@ import warnings as _warnings
 from typing import Optional
 
 from ..runtime.keyed_rows import arrow_schema_of
+from ..runtime.spark_keyed import session_key_groups
 from .explain import explain_plan
-from .fingerprint import check_checkpoint, is_streaming
+from .fingerprint import check_checkpoint, checkpoint_key_groups, is_streaming, with_key_groups
 from .lower import lower
 from .nodes import Sink, source_leaves
 from .rules import plan_warnings, sink_keys_emitted_once
@@ -36,9 +37,14 @@ def run_sink(sink: Sink, table, *, checkpoint: Optional[str] = None,
     from ..runtime.keyed_rows import operator_instance
     warns = plan_warnings(sink)
     if checkpoint is not None and is_streaming(sink):
-        changed = check_checkpoint(checkpoint, sink)
+        from pyspark.sql import SparkSession
+        fresh = session_key_groups(SparkSession.getActiveSession())
+        changed = check_checkpoint(checkpoint, sink, fresh)
         if changed:
             warns.append(changed)
+        # keyed operators run with the key-group count their state was
+        # written with (docs/runtime.md, "Key groups and rescaling")
+        sink = with_key_groups(sink, checkpoint_key_groups(checkpoint, fresh))
     for w in warns:
         _warnings.warn(w, PlanWarning, stacklevel=warn_stacklevel)
     low = lower(sink)

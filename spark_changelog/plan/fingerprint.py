@@ -13,7 +13,18 @@ in the table.  So the checkpoint directory keeps ``plan-fingerprint.json``:
               each stateful operator and its key-group count when set,
      "full": sha256 of the whole plan (every node's label and columns),
      "stateful": the state-bearing nodes, one line each, for messages,
-     "plan": the plan as lines (every node), for messages}
+     "plan": the plan as lines (every node), for messages,
+     "key_groups": the key-group count of keyed operators that set none}
+
+The key-group count is part of the state's layout (docs/runtime.md, "Key
+groups and rescaling"): a new checkpoint records the default for its state
+partitions (``model.partitioning.default_key_groups``), one without the field
+was written when the default was ``LEGACY_KEY_GROUPS``, and a query resumes with
+the count its checkpoint recorded (:func:`with_key_groups`).  An operator
+that sets the recorded count explicitly has the same state as one that sets
+none, so the comparison leaves ``key groups=<recorded>`` out of the lines of
+keyed operators.  ``spark-changelog rescale`` rewrites the state to another
+count and records it here.
 
 On a restart the fingerprint of the script's plan is compared with the file:
 the same ``state`` and ``full``: go on; the same ``state`` but another
@@ -29,10 +40,12 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 from typing import Optional
 
 from ..model.errors import CheckpointMismatch
-from .nodes import Filter, Node, Normalize, Project, Sink, Source, WatermarkAssigner
+from ..model.partitioning import LEGACY_KEY_GROUPS
+from .nodes import Filter, Node, Normalize, Project, Sink, Source, WatermarkAssigner, WindowAggregate
 
 FILE_NAME = "plan-fingerprint.json"
 VERSION = 1
@@ -67,8 +80,9 @@ def _line(node: Node, depth: int) -> str:
     return f"{'  ' * depth}{_label(node)} columns={list(node.traits.columns)}"
 
 
-def plan_fingerprint(node: Node) -> dict:
-    """The fingerprint of a planned sink (see the module docstring)."""
+def plan_fingerprint(node: Node, key_groups: Optional[int] = None) -> dict:
+    """The fingerprint of a planned sink (see the module docstring);
+    ``key_groups``: the count of keyed operators that set none."""
     plan, stateful = [], []
     for n, depth in _walk(node):
         plan.append(_line(n, depth))
@@ -85,7 +99,54 @@ def plan_fingerprint(node: Node) -> dict:
             "state": _sha("\n".join(stateful)),
             "full": _sha("\n".join(plan)),
             "stateful": stateful,
-            "plan": plan}
+            "plan": plan,
+            "key_groups": key_groups}
+
+
+def _state_lines(stateful: list, key_groups: int) -> list:
+    """The stateful lines as far as state goes when keyed operators that set
+    no count run with ``key_groups``: an explicit ``key groups=<that count>``
+    is the same state (a window aggregation's count has its own default)."""
+    suffix = f" key groups={key_groups}"
+    return [s[:-len(suffix)] if s.endswith(suffix) and not s.lstrip().startswith("WindowAggregate(")
+            else s for s in stateful]
+
+
+def checkpoint_key_groups(checkpoint: str, fresh: int) -> int:
+    """The key-group count of keyed operators that set none, for a query
+    run with ``checkpoint``: the count it recorded, :data:`LEGACY_KEY_GROUPS`
+    for one written before counts were recorded, ``fresh`` (the session's
+    default) for a checkpoint without progress."""
+    old = read_fingerprint(checkpoint)
+    if old is None or not _has_progress(checkpoint):
+        return fresh
+    return int(old.get("key_groups", LEGACY_KEY_GROUPS))
+
+
+def rescale_fingerprint(directory: str, key_groups: int) -> None:
+    """The fingerprint in ``directory`` after ``spark-changelog rescale``: the
+    keyed operators run with ``key_groups`` (their lines lose an explicit
+    count, window aggregations keep theirs)."""
+    old = read_fingerprint(directory)
+    if old is None:
+        return
+    lines = [re.sub(r" key groups=\d+$", "", s) if not s.lstrip().startswith("WindowAggregate(") else s
+             for s in old.get("stateful", [])]
+    write_fingerprint(directory, {**old, "stateful": lines, "state": _sha("\n".join(lines)),
+                                  "key_groups": key_groups})
+
+
+def with_key_groups(node: Node, key_groups: int) -> Node:
+    """``node`` with every keyed operator that sets no key-group count set to
+    ``key_groups`` (window aggregations and the operators that wait for the
+    watermark run in the event-time runtime, with its own default)."""
+    children = [with_key_groups(c, key_groups) for c in node.children]
+    if any(c is not o for c, o in zip(children, node.children)):
+        node = node.with_children(*children)
+    if getattr(node, "key_groups", 0) is None and not isinstance(node, WindowAggregate) \
+            and not getattr(node, "waits_for_watermark", False):
+        node = dataclasses.replace(node, key_groups=key_groups)
+    return node
 
 
 def _sha(text: str) -> str:
@@ -123,19 +184,24 @@ def is_streaming(node: Node) -> bool:
     return any(isinstance(n, Source) and n.streaming for n, _ in _walk(node))
 
 
-def check_checkpoint(checkpoint: str, node: Node) -> Optional[str]:
+def check_checkpoint(checkpoint: str, node: Node, fresh_key_groups: int) -> Optional[str]:
     """Compare the plan ``node`` with the checkpoint's fingerprint (module
     docstring).  Returns a warning when the change is allowed, None when
-    nothing changed; raises :class:`CheckpointMismatch` when it breaks state."""
-    new = plan_fingerprint(node)
+    nothing changed; raises :class:`CheckpointMismatch` when it breaks state.
+    ``fresh_key_groups``: the count a new checkpoint records."""
+    groups = checkpoint_key_groups(checkpoint, fresh_key_groups)
+    new = plan_fingerprint(node, groups)
     old = read_fingerprint(checkpoint)
     if old is None or not _has_progress(checkpoint):
         write_fingerprint(checkpoint, new)
         return None
-    if old.get("state") == new["state"] and old.get("full") == new["full"]:
+    if old.get("state") == new["state"] and old.get("full") == new["full"] \
+            and old.get("key_groups") == groups:
         return None
     where = os.path.join(checkpoint, FILE_NAME)
-    if old.get("state") != new["state"]:
+    same_state = (_state_lines(old.get("stateful", []), groups)
+                  == _state_lines(new["stateful"], groups))
+    if old.get("state") != new["state"] and not same_state:
         gone = [s for s in old.get("stateful", []) if s not in new["stateful"]]
         added = [s for s in new["stateful"] if s not in old.get("stateful", [])]
         detail = "\n".join([f"in the checkpoint, not in the script: {s}" for s in gone]
@@ -150,6 +216,8 @@ def check_checkpoint(checkpoint: str, node: Node) -> Optional[str]:
     removed = [_short(s) for s in old.get("plan", []) if s not in new["plan"]]
     added = [_short(s) for s in new["plan"] if s not in old.get("plan", [])]
     write_fingerprint(checkpoint, new)
+    if old.get("full") == new["full"]:
+        return None     # only how the key-group count is written changed
     change = "; ".join([f"was {s}" for s in removed] + [f"now {s}" for s in added])
     return ("the query changed since this checkpoint was written (" + change + "): the state "
             "is kept and only input not yet read goes through the new query; rows already "
@@ -158,4 +226,4 @@ def check_checkpoint(checkpoint: str, node: Node) -> Optional[str]:
 
 
 __all__ = ["plan_fingerprint", "read_fingerprint", "write_fingerprint", "check_checkpoint",
-           "is_streaming", "FILE_NAME", "VERSION"]
+           "checkpoint_key_groups", "with_key_groups", "rescale_fingerprint", "is_streaming", "FILE_NAME", "VERSION"]

@@ -28,7 +28,7 @@ from ..model import KIND_COL, METRICS_COL, METRICS_KIND, SEQ_COL, ChangelogMode
 from ..model.rowkind import RowKind
 from ..operators.keys import GLOBAL_KEY
 from ..runtime.keyed_rows import operator_schema_of
-from ..runtime.spark_keyed import DEFAULT_KEY_GROUPS, apply_keyed
+from ..runtime.spark_keyed import apply_keyed
 from . import expressions
 from .nodes import (WINDOW_END, WINDOW_START, Aggregate, ApplyAs, Deduplicate, Filter, History,
                     Join, Materialize, Node, Normalize, Project, Sink, Source, TopN, UnionAll,
@@ -274,7 +274,7 @@ def _keyed(inp: Lowered, df, op, key_groups: Optional[int]) -> Lowered:
     # an operator reading a reader's rows as they are packs them in the
     # reader's line task (docs/runtime.md, "Packing in the line task")
     direct = getattr(inp.reader, "packed_rows", None) is not None and df is inp.reader.rows
-    return inp.then(apply_keyed(df, op, key_groups=key_groups or DEFAULT_KEY_GROUPS,
+    return inp.then(apply_keyed(df, op, key_groups=key_groups,
                                 packed_source=inp.reader.packed_rows if direct else None), op)
 
 
@@ -347,7 +347,7 @@ def _join(node: Join, left: Lowered, right: Lowered) -> Lowered:
     union = layout.spark_union(left.df, right.df)
     entry = tuple(dict.fromkeys((left.entry if left.operators else (op,))
                                 + (right.entry if right.operators else (op,))))
-    return Lowered(apply_keyed(union, op, key_groups=node.key_groups or DEFAULT_KEY_GROUPS),
+    return Lowered(apply_keyed(union, op, key_groups=node.key_groups),
                    left.operators + right.operators + (op,), entry)
 
 

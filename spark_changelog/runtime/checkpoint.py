@@ -99,7 +99,7 @@ def query_dirs(checkpoint: str) -> list[str]:
     return sorted(found)
 
 
-def _log_ids(directory: str) -> list[int]:
+def log_ids(directory: str) -> list[int]:
     try:
         return sorted(int(n) for n in os.listdir(directory) if n.isdigit())
     except FileNotFoundError:
@@ -126,7 +126,7 @@ def _check_log_file(path: str) -> Optional[str]:
 
 def _check_logs(q: str, name: str, findings: list) -> Optional[int]:
     """Offsets and commits agree; returns the last committed batch."""
-    offsets, commits = _log_ids(os.path.join(q, "offsets")), _log_ids(os.path.join(q, "commits"))
+    offsets, commits = log_ids(os.path.join(q, "offsets")), log_ids(os.path.join(q, "commits"))
     for log, ids in (("offsets", offsets), ("commits", commits)):
         for i in ids:
             bad = _check_log_file(os.path.join(q, log, str(i)))
@@ -168,7 +168,7 @@ def _check_temporary_files(q: str, name: str, findings: list) -> None:
                                                      "was killed before its end (harmless)"))
 
 
-def _state_operators(q: str) -> dict:
+def state_operators(q: str) -> dict:
     """operator id -> (Spark operator name or None, partition dirs)."""
     state = os.path.join(q, "state")
     out = {}
@@ -199,7 +199,7 @@ def _check_state_files(q: str, name: str, last: Optional[int], findings: list) -
     if last is None:
         return
     version = last + 1
-    for op, (op_name, parts) in _state_operators(q).items():
+    for op, (op_name, parts) in state_operators(q).items():
         for part in parts:
             names = os.listdir(part)
             if any(_V2_RE.fullmatch(n) for n in names):
@@ -226,7 +226,7 @@ def _check_keyed_state(spark, q: str, name: str, last: Optional[int], findings: 
     every run a key group lists is stored and decodes."""
     if last is None:
         return
-    for op, (op_name, _) in _state_operators(q).items():
+    for op, (op_name, _) in state_operators(q).items():
         if op_name is None or "transformWithState" not in op_name:
             continue
         try:

@@ -53,6 +53,7 @@ from pyspark.sql.streaming import StatefulProcessor
 from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 
 from ..model import KIND_COL, METRICS_COL, METRICS_KIND, PACKED_GROUP_COL, PACKED_ROWS_COL, SEQ_COL, RowKind
+from ..model.partitioning import default_key_groups
 from ..operators.base import KeyedOperator, OpContext
 from .arrow_packing import PACKED_COL, conform, pack_groups, packed_batch, packed_schema, unpack
 from .spark_hash import key_groups as key_groups_of, supports as spark_hash_supports
@@ -72,7 +73,6 @@ from .state_runs import WORKER_CACHE, Run, RunStack, name_new_runs, run_schema
 META_SCHEMA = StructType([StructField("run_ids", StringType()), StructField("next_seq", LongType())])
 RUN_ID_SCHEMA = StructType([StructField("run_id", StringType())])
 BLOB_SCHEMA = StructType([StructField("blob", BinaryType())])
-DEFAULT_KEY_GROUPS = 32
 
 
 def add_key_group(df, key, key_groups: int):
@@ -158,8 +158,11 @@ class KeyGroupProcessor(StatefulProcessor):
         for rid in (r for r in run_ids if r not in kept):
             self.runs.removeKey((rid,))
             WORKER_CACHE.discard(rid)
+        # the count and the key: what a rescale needs to regroup the state
+        # (runtime/rescale.py) without the query's plan
         self.meta.update((json.dumps({"runs": after, "key_groups": self.key_groups,
-                                      "operator": self.operator.name}), int(next_seq)))
+                                      "operator": self.operator.name, "key": list(self.operator.key)}),
+                          int(next_seq)))
         return written
 
     def _context(self, timerValues, next_seq: int) -> OpContext:
@@ -195,14 +198,21 @@ class KeyGroupProcessor(StatefulProcessor):
         pass
 
 
-def apply_keyed(df, operator: KeyedOperator, *, key_groups: int = DEFAULT_KEY_GROUPS,
+def session_key_groups(spark) -> int:
+    """The key-group count of a keyed operator that sets none, for the
+    session's state partitions (``model.partitioning.default_key_groups``)."""
+    return default_key_groups(int(spark.conf.get("spark.sql.shuffle.partitions")))
+
+
+def apply_keyed(df, operator: KeyedOperator, *, key_groups: Optional[int] = None,
                 growth: float = 1.0, max_runs: int = 8, processing_time_ms: Optional[int] = None,
                 packed_source: Optional[Callable] = None):
     """The operator's output (plus metric rows) as a Spark DataFrame.
 
     A streaming ``df`` runs with state in the state store; a bounded one is
     processed in one go per key group, with the same operator code.
-    ``packed_source``: see :func:`pack_key_groups`.  An operator that waits
+    ``packed_source``: see :func:`pack_key_groups`.  ``key_groups``: None
+    for :func:`session_key_groups`.  An operator that waits
     for the watermark runs in :func:`~.spark_event_time.apply_event_time`.
     """
     if operator.uses_watermark:
@@ -212,6 +222,8 @@ def apply_keyed(df, operator: KeyedOperator, *, key_groups: int = DEFAULT_KEY_GR
         return apply_seen_keys(df, operator)
     time_zone = df.sparkSession.conf.get("spark.sql.session.timeZone")
     out_schema = spark_schema(output_schema_with_metrics(operator))
+    if key_groups is None:
+        key_groups = session_key_groups(df.sparkSession)
     if df.isStreaming:
         packed, columns = pack_key_groups(df, operator, key_groups, packed_source=packed_source)
         processor = KeyGroupProcessor(operator, columns, growth, max_runs, time_zone, key_groups)

@@ -17,3 +17,12 @@ def test_key_group_ids_spread_over_shuffle_partitions(spark):
             F.expr(f"pmod(hash(kg), {partitions})").alias("p")).collect()
         counts = pd.Series([r.p for r in rows]).value_counts().sort_index().tolist()
         assert counts == [groups // partitions] * partitions, (groups, partitions, ids)
+
+
+def test_default_key_groups_follow_the_state_partitions():
+    """Flink's rule (1.5 x the parallelism, a power of two) between 32 and
+    32768 (docs/runtime.md, "Why key groups"): never below the partitions."""
+    from spark_changelog.model.partitioning import default_key_groups
+    assert [default_key_groups(p) for p in (1, 2, 4, 21, 22, 40, 200, 256, 1000, 100_000)] == \
+        [32, 32, 32, 32, 64, 64, 512, 512, 2048, 32768]
+    assert all(default_key_groups(p) >= p for p in range(1, 20_000, 97))

@@ -10,19 +10,13 @@ import os
 import pathlib
 import shutil
 
-from kill_restart import COLS, EXPECTED_TABLE, write_input
+from kill_restart import COLS, EXPECTED_CHANGELOG, EXPECTED_TABLE, write_input
 from spark_changelog.api import ChangelogStream
 from spark_changelog.sinks.changelog import read_changelog
 from spark_changelog.sinks.delta import read_table
 
 FIXTURE = pathlib.Path(__file__).parent.parent / "fixtures" / "checkpoints" / "random_run_ids"
 MADE_IN = "/tmp/replay-fx"
-EXPECTED_CHANGELOG = [
-    ("+I", 1, "a", 1), ("+I", 2, "b", 1), ("+I", 3, "c", 1),
-    ("-U", 1, "a", 1), ("+U", 1, "a2", 2), ("-D", 2, "b", 1), ("+I", 4, "d", 1),
-    ("-U", 3, "c", 1), ("+U", 3, "c2", 2), ("+I", 2, "b2", 3), ("-U", 1, "a2", 2), ("+U", 1, "a3", 3),
-    ("-D", 4, "d", 1), ("-U", 3, "c2", 2), ("+U", 3, "c3", 4), ("+I", 5, "e", 1),
-]
 
 
 def _copy_fixture(dest: pathlib.Path) -> None:
