@@ -338,6 +338,10 @@ class ReadContext:
     packer: Optional[Callable] = None
     #: the format options (``format_options``): filters, metadata columns, ...
     options: FormatOptions = FormatOptions()
+    #: (code, RowKind) pairs: the kind column's own codes (Flink's
+    #: ``FROM_CHANGELOG`` ``op_mapping``), matched exactly; None: the
+    #: spellings of ``model.rowkind.KIND_SPELLINGS``
+    op_mapping: Optional[tuple[tuple[str, int], ...]] = None
 
     @property
     def columns(self) -> list[str]:
@@ -365,6 +369,7 @@ def read_changes(
     seq_column: Optional[str] = None,
     csv_options: Optional[Mapping[str, str]] = None,
     options: Optional[FormatOptions] = None,
+    op_mapping: Optional[Mapping[str, int]] = None,
 ) -> ReadResult:
     """Read CDC files at ``path`` into a changelog stream (docs/semantics.md, sections 1-2).
 
@@ -382,8 +387,10 @@ def read_changes(
     ``-D`` old + ``+I`` new instead of ``-U``/``+U``.  ``streaming`` uses Spark's
     file streaming source (``path`` a directory or glob; ``max_files_per_trigger``
     is passed through as ``maxFilesPerTrigger``).  ``options``: Flink's format
-    options and the metadata columns (:mod:`.format_options`).  See the module
-    docstring for ``strict``, the result and the ``_seq`` encoding.
+    options and the metadata columns (:mod:`.format_options`).  ``op_mapping``:
+    the kind column's codes -> RowKind (``format="changelog"``), matched
+    exactly, any other code a dead letter.  See the module docstring for
+    ``strict``, the result and the ``_seq`` encoding.
     """
     if format not in FORMATS:
         raise ValueError(f"unknown CDC format {format!r}: expected one of {sorted(FORMATS)}")
@@ -414,6 +421,7 @@ def read_changes(
         max_files_per_trigger=None if max_files_per_trigger is None else int(max_files_per_trigger),
         changelog_file_format=changelog_file_format, kind_column=kind_column,
         seq_column=seq_column, csv_options=dict(csv_options or {}), options=options,
+        op_mapping=None if op_mapping is None else tuple(sorted(op_mapping.items())),
     )
     module = importlib.import_module(f"spark_changelog.connectors.{FORMATS[format]}")
     result = dataclasses.replace(finish(module.parse(ctx), ctx), _built_from=(module, ctx))

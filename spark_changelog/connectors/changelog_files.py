@@ -50,8 +50,13 @@ def read_changelog(spark, path, schema, primary_key=None, **kw) -> C.ReadResult:
 PLAIN_ROW_KIND = lit("+I")
 
 
-def kind_code(text: Sql) -> Sql:
-    """The RowKind code of a kind string, NULL if unknown."""
+def kind_code(text: Sql, op_mapping=None) -> Sql:
+    """The RowKind code of a kind string, NULL if unknown: one of
+    ``KIND_NAMES`` (case and surrounding spaces ignored), or with
+    ``op_mapping`` ((code, kind) pairs) one of its codes, exactly."""
+    if op_mapping is not None:
+        branches = " ".join(f"WHEN {lit(code)} THEN {kind}" for code, kind in op_mapping)
+        return f"CASE {text} {branches} END"
     branches = " ".join(f"WHEN {lit(name)} THEN {code}" for name, code in KIND_NAMES.items())
     return f"CASE upper(trim({text})) {branches} END"
 
@@ -75,7 +80,7 @@ def _finish_rows(df: DataFrame, ctx: C.ReadContext, tombstone_reason: str = C.TO
     """
     kind_col, seq_col = ctx.kind_column, ctx.seq_column
     pos, pos_err = C.fallback_position()
-    df = C.stage(df, _kind=kind_code("_kind_text"), _pos=pos, _pos_error=pos_err)
+    df = C.stage(df, _kind=kind_code("_kind_text", ctx.op_mapping), _pos=pos, _pos_error=pos_err)
     if seq_col is None:
         phase = f"CASE WHEN _kind IN ({C.INSERT}, {C.UPDATE_AFTER}) THEN {C.PHASE_AFTER} ELSE {C.PHASE_BEFORE} END"
         seq = f"(shiftleft(_pos, 1) + {phase})"
@@ -84,8 +89,11 @@ def _finish_rows(df: DataFrame, ctx: C.ReadContext, tombstone_reason: str = C.TO
         seq = "_seq_value"
         seq_errors = [when(("NOT _seq_present", lit(f"field '{seq_col}': missing or null"))), "_seq_error"]
     ok = "_record_ok"
+    expected = ("+I, -U, +U, -D or INSERT, UPDATE_BEFORE, UPDATE_AFTER, DELETE"
+                if ctx.op_mapping is None else
+                "one of the op_mapping codes " + ", ".join(code for code, _ in ctx.op_mapping))
     unknown_kind = concat(lit(f"field '{kind_col}': unknown row kind "), "'\"'", C.clip("_kind_text"), "'\"'",
-                          lit(" (expected +I, -U, +U, -D or INSERT, UPDATE_BEFORE, UPDATE_AFTER, DELETE)"))
+                          lit(f" (expected {expected})"))
     errors = C.errors_array([
         when((f"{ok} AND _kind_text IS NULL", lit(f"field '{kind_col}': missing or null"))),
         when((f"{ok} AND _kind_text IS NOT NULL AND _kind IS NULL", unknown_kind)),
@@ -106,9 +114,11 @@ def _finish_rows(df: DataFrame, ctx: C.ReadContext, tombstone_reason: str = C.TO
 
 def arrow_parser(ctx: C.ReadContext):
     """The line task's parser (:mod:`changelog_arrow`) of changelog JSON
-    files whose columns are all of the fast types, else None (then every line
-    takes the VARIANT path)."""
+    files whose columns are all of the fast types and whose kind column has
+    the usual spellings (no ``op_mapping``), else None (then every line takes
+    the VARIANT path)."""
     if ctx.changelog_file_format != "json" or isinstance(ctx.path, DataFrame) or \
+            ctx.op_mapping is not None or \
             not all(isinstance(f.dataType, FAST_TYPES) for f in ctx.schema.fields):
         return None
     from spark_changelog.connectors.changelog_arrow import ChangelogArrowParser

@@ -33,11 +33,12 @@ def operation_column(c: Connector) -> Optional[str]:
     return None
 
 
-def read_source(ctx: Context, t: TableDef, pos: Position,
-                operation: Optional[str] = None) -> Relation:
+def read_source(ctx: Context, t: TableDef, pos: Position, operation: Optional[str] = None,
+                op_mapping: Optional[tuple] = None) -> Relation:
     """The table's relation; ``operation``: read the plain-file table as a
     changelog whose operation is that column (``FROM_CHANGELOG``, which
-    removes it from the columns)."""
+    removes it from the columns), its codes ``op_mapping`` ((code, RowKind)
+    pairs; None: the usual spellings)."""
     c = t.connector
     if c.kind == "postgres-cdc":
         return _with_computed_columns(ctx, t, pos, _read_postgres_cdc(ctx, t))
@@ -62,6 +63,8 @@ def read_source(ctx: Context, t: TableDef, pos: Position,
         kw.update(changelog_file_format=c.changelog_file_format,
                   kind_column=operation or operation_column(c),
                   seq_column=c.option("changelog.seq-column"))
+        if op_mapping is not None:
+            kw["op_mapping"] = dict(op_mapping)
         csv = {k.split(".", 1)[1]: v for k, v in c.options if k.startswith("csv.")}
         names = {"field-delimiter": "sep", "quote-character": "quote",
                  "escape-character": "escape"}

@@ -305,12 +305,13 @@ class Translator:
                             f"{', '.join([*self.tables, *self.views]) or 'none'})", tpos)
         return rel.requalified(alias or name)
 
-    def source(self, t: TableDef, pos: Position, operation: Optional[str] = None) -> Relation:
+    def source(self, t: TableDef, pos: Position, operation: Optional[str] = None,
+               op_mapping: Optional[tuple] = None) -> Relation:
         """A source table's relation, read once per script (and once more
-        as a changelog per ``FROM_CHANGELOG`` operation column)."""
-        key = (t.name, operation)
+        as a changelog per ``FROM_CHANGELOG`` operation column and mapping)."""
+        key = (t.name, operation, op_mapping)
         if key not in self._sources:
-            self._sources[key] = read_source(self.ctx, t, pos, operation)
+            self._sources[key] = read_source(self.ctx, t, pos, operation, op_mapping)
         return self._sources[key]
 
 

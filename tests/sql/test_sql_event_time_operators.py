@@ -23,7 +23,7 @@ heartbeat the filter drops moved the watermark (without it: 6, u1 would
 wait) and the stalled partition 1 went idle (without idleness: 4, nothing
 would fire); u3's row is late (2 s < 19) and dropped; u4 fires in batch 3;
 u5 waits.  Batch (end of input) keeps every user's earliest row, as Flink 2.3
-does (recorded: tests/fixtures/flink/event_time_sql.json).
+does (recorded: tests/fixtures/flink/sql_cases.json).
 
 ``ON CONFLICT DO NOTHING`` into a table keyed by user (from a GROUP BY user,
 url: two rows of u1 conflict): a change is folded by
@@ -116,7 +116,7 @@ def test_event_time_dedup_per_micro_batch_filter_and_idle_partition(spark, tmp_p
 
 
 def test_event_time_dedup_batch_is_flinks(spark, tmp_path, monkeypatch):
-    case = load_fixture("flink/event_time_sql.json")["cases"]["dedup_filter_batch"]
+    case = load_fixture("flink/sql_cases.json")["cases"]["dedup_filter_batch"]
     p = plan(spark, tmp_path, monkeypatch, DEDUP, streaming=False)
     p.run(changelog_path=str(tmp_path / "log"))
     got = sorted(([u, url, t * S] for _, u, url, t in emitted(tmp_path)[0]), key=repr)

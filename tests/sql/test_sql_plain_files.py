@@ -132,10 +132,39 @@ def test_from_changelog_reads_the_operation_column_as_flink_2_3(spark, tmp_path)
 
 @pytest.mark.parametrize("args, message", [
     ("input => TABLE src PARTITION BY id", "row semantics"),
-    ("input => TABLE src, op_mapping => MAP['c', 'INSERT']", "op_mapping is not supported"),
+    # op_mapping validated as Flink 2.3 validates it
+    ("input => TABLE src, op_mapping => MAP['c', 'INSERT']", "must map a code to UPDATE_BEFORE"),
+    ("input => TABLE src, op_mapping => MAP['c', 'INSERT', 'r', 'INSERT']",
+     "duplicate change operation 'INSERT'"),
+    ("input => TABLE src, op_mapping => MAP['c', 'insert']", "unknown change operation 'insert'"),
+    ("input => TABLE src, op_mapping => 'c'", "must be a constant MAP literal"),
     ("input => TABLE counts", "must be a filesystem table of plain rows"),
     ("TABLE src, DESCRIPTOR(kind)", "no column 'kind'"),
 ])
 def test_from_changelog_errors(spark, tmp_path, args, message):
     with pytest.raises(SqlError, match=message):
         from_changelog(spark, tmp_path, args=args)
+
+
+def test_from_changelog_op_mapping_gives_flinks_changelog(spark, tmp_path):
+    """``op_mapping`` (codes, several per operation in one key) gives the
+    changes Flink 2.3 emitted, kinds in order; a code outside the map is a
+    dead letter naming it (Flink fails the job)."""
+    case = load_fixture("flink/sql_cases.json")["cases"]["from_changelog_op_mapping"]
+    (tmp_path / "ops").mkdir()
+    rows = case["rows"] + [{"id": 3, "name": "x", "__op": "INSERT"}]
+    (tmp_path / "ops" / "ops.json").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    script = parse_script(case["ddl"].format(path=tmp_path / "ops") + ";\nEXPLAIN " +
+                          case["query"] + ";", "fc.sql")
+    (_, s), = [x for x in Translator(spark, script).statements() if x[1] is not None]
+    changes = s.collect().sort_values("_seq")
+    names = {0: "INSERT", 1: "UPDATE_BEFORE", 2: "UPDATE_AFTER", 3: "DELETE"}
+    got = [[names[int(k)], [int(i), n]] for k, i, n in zip(changes["_kind"], changes["id"],
+                                                           changes["name"])]
+    assert got == case["expected"]
+    with pytest.raises(Exception, match=r"ops\.json line 6: field '__op': unknown row kind "
+                                        r"\"INSERT\" \(expected one of the op_mapping codes c, "
+                                        r"d, r, u, ub\)"):
+        (_, strict), = [x for x in Translator(spark, script, strict=True).statements()
+                        if x[1] is not None]
+        strict.collect()
