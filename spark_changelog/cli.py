@@ -184,7 +184,8 @@ def cmd_rescale(args) -> int:
     from .plan.fingerprint import rescale_fingerprint
     from .runtime.rescale import rescale_checkpoint
     spark = _session(args)
-    report = rescale_checkpoint(spark, args.checkpoint, args.key_groups, edit=rescale_fingerprint)
+    report = rescale_checkpoint(spark, args.checkpoint, args.key_groups, args.partitions,
+                                edit=rescale_fingerprint)
     print(report.summary())
     return 0
 
@@ -296,10 +297,14 @@ def build_parser() -> argparse.ArgumentParser:
     k.set_defaults(func=cmd_check)
 
     s = sub.add_parser("rescale", help="rewrite a stopped query's checkpoint to another key-group "
-                                       "count (the most tasks its keyed operators run in parallel)")
+                                       "count or number of state partitions (the most tasks its "
+                                       "keyed operators run in parallel)")
     s.add_argument("checkpoint", help="the --checkpoint directory of `run` or `normalize`")
-    s.add_argument("--key-groups", type=int, required=True, metavar="N",
+    s.add_argument("--key-groups", type=int, metavar="N",
                    help="the new key-group count of every keyed operator")
+    s.add_argument("--partitions", type=int, metavar="M",
+                   help="the new number of state partitions of every stateful operator "
+                        "(spark.sql.shuffle.partitions of the query from now on)")
     s.set_defaults(func=cmd_rescale)
 
     w = sub.add_parser("plot-watermarks", help="PNG of event time vs watermark vs arrival (and "

@@ -81,15 +81,21 @@ class OperatorRescale:
 @dataclasses.dataclass
 class RescaleReport:
     checkpoint: str
-    key_groups: int
+    key_groups: Optional[int]
     operators: list
     kept: str           # where the original checkpoint is now
+    partitions: Optional[int] = None
+    repartitioned: list = dataclasses.field(default_factory=list)   # query dirs
 
     def summary(self) -> str:
         lines = [str(o).replace("-> key groups", f"-> {self.key_groups} key groups") for o in self.operators]
-        lines.append(f"checkpoint {self.checkpoint}: rescaled to {self.key_groups} key groups "
-                     f"({len(self.operators)} keyed operator(s)); the original is kept in {self.kept} "
-                     "(delete it once the query runs)")
+        lines += [f"{q}: state repartitioned to {self.partitions} partitions" for q in self.repartitioned]
+        done = ([f"{self.key_groups} key groups ({len(self.operators)} keyed operator(s))"]
+                if self.key_groups is not None else [])
+        if self.partitions is not None:
+            done.append(f"{self.partitions} state partitions")
+        lines.append(f"checkpoint {self.checkpoint}: rescaled to {' and '.join(done)}; the original is "
+                     f"kept in {self.kept} (delete it once the query runs)")
         return "\n".join(lines)
 
 
@@ -303,17 +309,93 @@ def _exchange(a: str, b: str) -> bool:
     return True
 
 
-def rescale_checkpoint(spark, checkpoint: str, key_groups: int,
+def _rewrite_key_groups(spark, copy: str, work: str, q: str, key_groups: int, done: list) -> None:
+    """Steps 2 and 3 (module docstring) for the query checkpoint ``q`` of
+    the ``copy``; the operators rewritten are added to ``done``."""
+    commits = log_ids(os.path.join(q, "commits"))
+    if not commits:
+        return
+    last = commits[-1]
+    for op, (op_name, _) in state_operators(q).items():
+        if op_name is None or "transformWithState" not in op_name:
+            continue
+        variables = _state_variables(os.path.join(q, "state", str(op)))
+        if set(variables) != {"meta", "runs"}:
+            if "meta" in variables and "runs" in variables and "timer" in variables:
+                # a keyed operator of an earlier version waiting for the watermark
+                raise RescaleRefused(f"{os.path.relpath(q, copy)}: operator {op} keeps timers (written by "
+                                     "an earlier version): rescaling it is not supported",
+                                     todo="start a new checkpoint with --key-groups N")
+            continue         # an event-time operator's state: its count is its own
+        meta = _read_state(spark, q, op, last, "meta")
+        if meta.empty:
+            continue
+        runs = _read_state(spark, q, op, last, "runs")
+        info, state = _regroup(copy, q, op, meta, runs, key_groups)
+        partitions = _partitions(q)
+        scratch = os.path.join(work, f"write-{len(done)}")
+        written = _write_state(spark, state, partitions, scratch)
+        for p in range(partitions):
+            target = os.path.join(q, "state", str(op), str(p))
+            os.makedirs(target, exist_ok=True)
+            _replace_partition_state(os.path.join(written, str(p)), target, last + 1)
+        shutil.rmtree(scratch)
+        _verify(spark, q, op, last, key_groups, info)
+        info.query = os.path.relpath(q, copy)
+        done.append(info)
+
+
+_BINARY = (".zip", ".sst", ".changelog", ".crc", ".parquet")
+
+
+def _repartition(spark, q: str, partitions: int, copy: str, checkpoint: str) -> bool:
+    """Spark's offline repartitioning of every stateful operator of ``q``
+    (it commits one more batch that reads no input and holds the state in
+    ``partitions`` partitions); the paths it writes into the copy's
+    metadata are made the checkpoint's.  False when ``q`` already has that
+    many partitions."""
+    if not log_ids(os.path.join(q, "commits")) or _partitions(q) == partitions:
+        return False
+    manager = getattr(spark, "_streamingCheckpointManager", None) or getattr(
+        spark, "streamingCheckpointManager", None)
+    if manager is None:
+        raise UserError("changing the number of state partitions needs Spark 4.2 or later "
+                        "(its checkpoint manager's repartition)", exit_code=3)
+    manager.repartition(q, partitions)
+    old, new = os.fsencode(copy), os.fsencode(checkpoint)
+    for root, _, files in os.walk(q):
+        for f in files:
+            path = os.path.join(root, f)
+            if f.endswith(_BINARY):
+                continue
+            with open(path, "rb") as fh:
+                data = fh.read()
+            if old in data:
+                with open(path, "wb") as fh:
+                    fh.write(data.replace(old, new))
+                crc = os.path.join(root, f".{f}.crc")
+                if os.path.exists(crc):       # Hadoop checks a file against it
+                    os.remove(crc)
+    return True
+
+
+def rescale_checkpoint(spark, checkpoint: str, key_groups: Optional[int] = None,
+                       partitions: Optional[int] = None,
                        edit: Optional[Callable[[str, int], None]] = None,
                        quiet_seconds: float = QUIET_SECONDS) -> RescaleReport:
     """Rewrite the keyed operators' state of ``checkpoint`` to ``key_groups``
-    key groups (module docstring).  ``edit(directory, key_groups)`` is
-    called on each directory of the copy that holds query checkpoints (the
-    plan's fingerprint is kept there) before the copy is checked.  A
-    checkpoint written to less than ``quiet_seconds`` ago is refused."""
+    key groups (module docstring) and/or every stateful operator's state to
+    ``partitions`` state partitions (Spark's repartitioning).
+    ``edit(directory, key_groups)`` is called on each directory of the copy
+    that holds query checkpoints (the plan's fingerprint is kept there)
+    before the copy is checked.  A checkpoint written to less than
+    ``quiet_seconds`` ago is refused."""
     checkpoint = os.path.abspath(checkpoint.rstrip("/"))
-    if key_groups < 1:
-        raise UserError(f"--key-groups must be at least 1 (got {key_groups})", exit_code=2)
+    for name, value in (("--key-groups", key_groups), ("--partitions", partitions)):
+        if value is not None and value < 1:
+            raise UserError(f"{name} must be at least 1 (got {value})", exit_code=2)
+    if key_groups is None and partitions is None:
+        raise UserError("give --key-groups N, --partitions M or both", exit_code=2)
     if not os.path.isdir(checkpoint):
         raise _refuse(checkpoint, "the checkpoint does not exist", "give the --checkpoint DIR of the query")
     # the files (logs, state versions); the state's runs are read below
@@ -329,42 +411,19 @@ def rescale_checkpoint(spark, checkpoint: str, key_groups: int,
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     work = tempfile.mkdtemp(prefix=f".{os.path.basename(checkpoint)}.rescale-", dir=parent)
     copy = os.path.join(work, "checkpoint")
-    done = []
+    done, repartitioned = [], []
     try:
         shutil.copytree(checkpoint, copy, symlinks=True)
         for q in query_dirs(copy):
-            commits = log_ids(os.path.join(q, "commits"))
-            if not commits:
-                continue
-            last = commits[-1]
-            for op, (op_name, parts) in state_operators(q).items():
-                if op_name is None or "transformWithState" not in op_name:
-                    continue
-                variables = _state_variables(os.path.join(q, "state", str(op)))
-                if set(variables) != {"meta", "runs"}:
-                    if "meta" in variables and "runs" in variables and "timer" in variables:
-                        # a keyed operator of an earlier version waiting for the watermark
-                        raise _refuse(checkpoint, f"{os.path.relpath(q, copy)}: operator {op} keeps "
-                                                  "timers (written by an earlier version): rescaling it "
-                                                  "is not supported", "start a new checkpoint with --key-groups N")
-                    continue         # an event-time operator's state: its count is its own
-                meta = _read_state(spark, q, op, last, "meta")
-                if meta.empty:
-                    continue
-                runs = _read_state(spark, q, op, last, "runs")
-                info, state = _regroup(copy, q, op, meta, runs, key_groups)
-                partitions = _partitions(q)
-                scratch = os.path.join(work, f"write-{len(done)}")
-                written = _write_state(spark, state, partitions, scratch)
-                for p in range(partitions):
-                    target = os.path.join(q, "state", str(op), str(p))
-                    os.makedirs(target, exist_ok=True)
-                    _replace_partition_state(os.path.join(written, str(p)), target, last + 1)
-                shutil.rmtree(scratch)
-                _verify(spark, q, op, last, key_groups, info)
-                info.query = os.path.relpath(q, copy)
-                done.append(info)
-        if edit is not None:
+            try:
+                if key_groups is not None:
+                    _rewrite_key_groups(spark, copy, work, q, key_groups, done)
+                if partitions is not None and _repartition(spark, q, partitions, copy, checkpoint):
+                    repartitioned.append(os.path.relpath(q, copy))
+            except RescaleRefused as refused:
+                refused.where = f"checkpoint {checkpoint}"
+                raise RescaleRefused(refused.what, where=refused.where, todo=refused.todo) from None
+        if edit is not None and key_groups is not None:
             for d in sorted({os.path.dirname(q) for q in query_dirs(copy)}):
                 edit(d, key_groups)
         after_check = check_checkpoint(copy)
@@ -379,7 +438,7 @@ def rescale_checkpoint(spark, checkpoint: str, key_groups: int,
             os.rename(copy, checkpoint)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return RescaleReport(checkpoint, key_groups, done, kept)
+    return RescaleReport(checkpoint, key_groups, done, kept, partitions, repartitioned)
 
 
 __all__ = ["rescale_checkpoint", "RescaleReport", "RescaleRefused", "StateLoader", "QUIET_SECONDS"]

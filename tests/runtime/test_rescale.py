@@ -1,6 +1,6 @@
 """Rescaling a checkpoint to another key-group count (docs/runtime.md, "Key
 groups and rescaling"; ``spark-changelog rescale``): stop, rescale (up and
-down), resume, and the table and emitted changelog are those of one
+down, and to another number of state partitions), resume, and the table and emitted changelog are those of one
 uninterrupted run; a damaged or running checkpoint is refused and left as it
 was; a checkpoint written before the count was recorded resumes with its 32.
 The join pipeline's rescale is a long variant:
@@ -39,8 +39,8 @@ def _normalize(spark, base, key_groups):
         str(base / "table"), checkpoint=str(base / "ck"), changelog_path=str(base / "log"))
 
 
-def _rescale(spark, ck, groups):
-    report = rescale_checkpoint(spark, str(ck), groups, edit=rescale_fingerprint, quiet_seconds=0)
+def _rescale(spark, ck, groups, partitions=None):
+    report = rescale_checkpoint(spark, str(ck), groups, partitions, edit=rescale_fingerprint, quiet_seconds=0)
     shutil.rmtree(report.kept)
     return report
 
@@ -67,8 +67,11 @@ def test_normalize_rescaled_up_then_down_resumes_exactly(spark, base):
     # the script sets no count now: the checkpoint's 16
     first = _normalize(spark, base, None)
     assert (first.batches, first.replayed_batches) == (1, 0)
-    report = _rescale(spark, base / "ck", 3)
-    assert [o.groups_before for o in report.operators] == [16]
+    # down, and the state partitions from 2 to 3 (Spark's repartitioning)
+    report = _rescale(spark, base / "ck", 3, partitions=3)
+    assert [o.groups_before for o in report.operators] == [16] and report.repartitioned == ["main"]
+    assert sorted(p.name for p in (base / "ck" / "main" / "state" / "0").iterdir() if p.name.isdigit()) == \
+        ["0", "1", "2"]
     assert check_checkpoint(str(base / "ck"), spark).ok
     _files(base, 4)
     # the script sets the new count itself: the same state
