@@ -190,6 +190,30 @@ def cmd_rescale(args) -> int:
     return 0
 
 
+def cmd_relocate(args) -> int:
+    """Make a checkpoint of a project moved from OLD to NEW resume there
+    (docs/errors.md, "A moved project")."""
+    from .model.errors import EXIT_USAGE
+    from .plan.fingerprint import relocate_fingerprint
+    from .runtime.checkpoint import path_pattern, query_dirs, relocate_checkpoint
+    old, new = os.path.abspath(args.old), os.path.abspath(args.new)
+    try:
+        changed = relocate_checkpoint(args.checkpoint, old, new)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    fingerprints = sum(relocate_fingerprint(os.path.dirname(q), path_pattern(old), new)
+                       for q in query_dirs(args.checkpoint))
+    if not changed and not fingerprints:
+        print(f"error: {args.checkpoint}: no file of the checkpoint names {old} (not where the "
+              "project was, or relocated already)", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"relocated {args.checkpoint}: {len(changed)} Spark log file(s) and {fingerprints} plan "
+          f"fingerprint(s) now name {new} instead of {old}; run the same command as before "
+          "(same --checkpoint) to resume")
+    return 0
+
+
 def cmd_plot_watermarks(args) -> int:
     from .runtime.late_output import plot_event_time
     print(plot_event_time(args.directory, args.output))
@@ -306,6 +330,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the new number of state partitions of every stateful operator "
                         "(spark.sql.shuffle.partitions of the query from now on)")
     s.set_defaults(func=cmd_rescale)
+    m = sub.add_parser("relocate", help="after moving a project directory from OLD to NEW, "
+                                        "rewrite the paths its streaming checkpoint holds so "
+                                        "the query resumes there")
+    m.add_argument("checkpoint", help="the --checkpoint directory (already moved)")
+    m.add_argument("old", help="where the project directory was")
+    m.add_argument("new", help="where it is now")
+    m.set_defaults(func=cmd_relocate)
 
     w = sub.add_parser("plot-watermarks", help="PNG of event time vs watermark vs arrival (and "
                                                "late rows) of a finished window query, from its "

@@ -267,16 +267,32 @@ def _python_worker_error(text: str) -> Optional[UserError]:
                      todo=f"the worker's traceback is in {log_path()}")
 
 
+def _moved_roots(old_dir: str, new_dir: Optional[str]) -> tuple[str, str]:
+    """(where the project was, where it is): the two input directories
+    without the path components they end in alike (``/a/in``, ``/b/in`` ->
+    ``/a``, ``/b``)."""
+    if not new_dir:
+        return old_dir, "NEW_DIR"
+    old_parts, new_parts = old_dir.rstrip("/").split("/"), new_dir.rstrip("/").split("/")
+    while len(old_parts) > 1 and len(new_parts) > 1 and old_parts[-1] == new_parts[-1]:
+        old_parts, new_parts = old_parts[:-1], new_parts[:-1]
+    return "/".join(old_parts), "/".join(new_parts)
+
+
 def checkpoint_error(cls: str, msg: str, checkpoint: Optional[str], where) -> CheckpointMismatch:
     ck = checkpoint or "the checkpoint directory"
     if "Wrong basePath" in msg:
         m = re.search(r"root path: (?:file:)?(\S+)", msg)
         read = os.path.dirname(m.group(1)) if m else "another directory"
+        now = re.search(r"Wrong basePath (?:file:)?(\S+)", msg)
+        old_root, new_root = _moved_roots(read, now.group(1) if now else None)
         return CheckpointMismatch(
             f"the checkpoint lists input files it read at {read}, which is not where the "
             "source is now (the directory was moved or copied)", where=where,
-            todo=f"run it where it was written, or start a new --checkpoint DIR here: the query "
-                 "then reads all input again and upserts the same final rows into the table")
+            todo=f"if the project moved, run `spark-changelog relocate {ck} {old_root} "
+                 f"{new_root}`, then this command again: it resumes where it stopped; or start "
+                 "a new --checkpoint DIR here: the query then reads all input again and upserts "
+                 "the same final rows into the table")
     return CheckpointMismatch(
         f"the checkpoint's state does not fit this query ([{cls}] {msg})", where=where,
         todo=f"run the script that wrote {ck}, or start a new --checkpoint DIR (the query then "

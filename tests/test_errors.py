@@ -533,8 +533,39 @@ WITH_CHECKPOINT = [
     Mistake("checkpoint moved with its project", checkpoint_moved,
             "error: INSERT INTO out ({p} line 5): the checkpoint lists input files it read at "
             "{tmp}/a/in, which is not where the source is now (the directory was moved or "
-            "copied)", 4, spark=True),
+            "copied)", 4, spark=True,
+            also=("  what to do: if the project moved, run `spark-changelog relocate {tmp}/b/ck/query "
+                  "{tmp}/a {tmp}/b`, then this command again: it resumes where it stopped; or "
+                  "start a new --checkpoint DIR here: the query then reads all input again and "
+                  "upserts the same final rows into the table",)),
 ]
+
+
+def test_a_moved_project_resumes_after_relocate(spark, tmp, capsys):
+    """docs/errors.md, "A moved project": `spark-changelog relocate CK OLD NEW`
+    rewrites the checkpoint's paths; the run then reads only the input not
+    yet read and keeps the state (the group's sum goes on from 15)."""
+    from spark_changelog.sinks.delta import read_table
+    os.makedirs(f"{tmp}/a")
+    first = script(f"{tmp}/a", source_ddl(_with_input(f"{tmp}/a"))
+                   + GROUPED.format(out=f"{tmp}/a/out"))
+    assert main(["run", first, "--checkpoint", f"{tmp}/a/ck", "--no-progress"]) == 0
+    shutil.move(f"{tmp}/a", f"{tmp}/b")
+    p = script(f"{tmp}/b", source_ddl(f"{tmp}/b/in") + GROUPED.format(out=f"{tmp}/b/out"))
+    before = sorted(map(tuple, read_table(f"{tmp}/b/out").values.tolist()))
+    with open(f"{tmp}/b/in/part-1.json", "w") as f:
+        f.write(json.dumps({"before": None, "after": {"id": 9, "name": "ann", "amount": 100},
+                            "op": "c", "source": {"lsn": 900}}) + "\n")
+    capsys.readouterr()
+    assert main(["relocate", f"{tmp}/b/ck", f"{tmp}/a", f"{tmp}/b"]) == 0
+    assert capsys.readouterr().out.startswith(f"relocated {tmp}/b/ck: 3 Spark log file(s)")
+    assert main(["run", p, "--checkpoint", f"{tmp}/b/ck", "--no-progress"]) == 0
+    captured = capsys.readouterr()
+    assert "changelog rows in: 1 " in captured.out + captured.err, captured
+    after = sorted(map(tuple, read_table(f"{tmp}/b/out").values.tolist()))
+    assert after == [(n, t + 100 if n == "ann" else t) for n, t in before]
+    # a second relocate finds nothing to rewrite
+    assert main(["relocate", f"{tmp}/b/ck", f"{tmp}/a", f"{tmp}/b"]) == 2
 
 
 @pytest.mark.parametrize("m", WITH_CHECKPOINT, ids=[m.name for m in WITH_CHECKPOINT])

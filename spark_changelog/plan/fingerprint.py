@@ -170,6 +170,23 @@ def write_fingerprint(checkpoint: str, fingerprint: dict) -> None:
     os.replace(tmp, path)
 
 
+def relocate_fingerprint(checkpoint: str, pattern, new: str) -> bool:
+    """The fingerprint of a query checkpoint with the paths ``pattern``
+    matches (a moved project's old directory) replaced by ``new``, its
+    hashes recomputed (``spark-changelog relocate``, docs/errors.md).
+    Returns whether it changed."""
+    fp = read_fingerprint(checkpoint)
+    if fp is None:
+        return False
+    lines = {k: [pattern.sub(new.replace("\\", "\\\\"), line) for line in fp.get(k, [])]
+             for k in ("stateful", "plan")}
+    if lines == {k: fp.get(k, []) for k in lines}:
+        return False
+    fp.update(lines, state=_sha("\n".join(lines["stateful"])), full=_sha("\n".join(lines["plan"])))
+    write_fingerprint(checkpoint, fp)
+    return True
+
+
 def _has_progress(checkpoint: str) -> bool:
     """Whether Spark's checkpoint under ``checkpoint`` committed a batch."""
     commits = os.path.join(checkpoint, "main", "commits")
@@ -226,4 +243,4 @@ def check_checkpoint(checkpoint: str, node: Node, fresh_key_groups: int) -> Opti
 
 
 __all__ = ["plan_fingerprint", "read_fingerprint", "write_fingerprint", "check_checkpoint",
-           "checkpoint_key_groups", "with_key_groups", "rescale_fingerprint", "is_streaming", "FILE_NAME", "VERSION"]
+           "checkpoint_key_groups", "with_key_groups", "rescale_fingerprint", "relocate_fingerprint", "is_streaming", "FILE_NAME", "VERSION"]

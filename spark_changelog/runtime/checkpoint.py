@@ -291,3 +291,66 @@ def check_checkpoint(checkpoint: str, spark=None) -> CheckReport:
         if spark is not None and not any(f.problem for f in blocking):
             _check_keyed_state(spark, q, name, last, findings)
     return CheckReport(checkpoint, [os.path.relpath(q, checkpoint) for q in queries], findings, lasts)
+
+
+# ----------------------------------------------------------------- relocate
+#: the files of Spark's query checkpoint that name absolute paths
+#: (docs/errors.md, "A moved project"): the file source logs (every input
+#: file read) and transformWithState's operator metadata (its state schema
+#: files); relative to Spark's checkpoint directory (:func:`query_dirs`).
+#: The plan fingerprint beside it is ours: plan.fingerprint.relocate_fingerprint
+_PATH_FILES = ("sources", "state")
+
+
+def _path_bearing_files(q: str):
+    for rel in _PATH_FILES:
+        for root, _, files in os.walk(os.path.join(q, rel)):
+            # state data (RocksDB .zip/.sst/.changelog) is binary and relative;
+            # only the operators' metadata logs name files
+            if rel.endswith("state") and f"{os.sep}_metadata" not in root:
+                continue
+            for f in files:
+                if not f.endswith(".crc"):
+                    yield os.path.join(root, f)
+
+
+def path_pattern(old: str) -> "re.Pattern":
+    """``old`` as a path prefix ending at a component boundary (``/a/proj``
+    does not match ``/a/project``)."""
+    return re.compile(re.escape(old) + r"(?=[/\"\\\]',)]|$)")
+
+
+def relocate_checkpoint(checkpoint: str, old: str, new: str) -> list[str]:
+    """Rewrite the absolute paths under ``old`` to ``new`` in a checkpoint's
+    path-bearing files (:data:`_PATH_FILES`), so a project directory moved
+    from ``old`` to ``new`` resumes where it stopped.  Each file is replaced
+    atomically and its Hadoop checksum file (``.NAME.crc``, which would no
+    longer match) removed.  Returns the files rewritten; raises ValueError
+    when ``checkpoint`` is not a streaming checkpoint or nothing in it names
+    ``old``."""
+    old, new = os.path.abspath(old).rstrip(os.sep), os.path.abspath(new).rstrip(os.sep)
+    queries = query_dirs(checkpoint)
+    if not queries:
+        raise ValueError(f"{checkpoint}: not a streaming checkpoint (no offsets and commits "
+                         "logs under it)")
+    pattern = path_pattern(old)
+    changed = []
+    for q in queries:
+        for path in _path_bearing_files(q):
+            with open(path, "rb") as f:
+                blob = f.read()
+            if b"\0" in blob:
+                continue
+            text = blob.decode("utf-8")
+            updated = pattern.sub(new.replace("\\", "\\\\"), text)
+            if updated == text:
+                continue
+            tmp = path + ".relocate-tmp"
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(updated)
+            os.replace(tmp, path)
+            crc = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.crc")
+            if os.path.exists(crc):
+                os.remove(crc)
+            changed.append(path)
+    return changed
