@@ -103,13 +103,19 @@ def plan_fingerprint(node: Node, key_groups: Optional[int] = None) -> dict:
             "key_groups": key_groups}
 
 
+def _own_count(line: str) -> bool:
+    """Whether the stateful line is an event-time operator's (a window
+    aggregation, or an operator that waits for the watermark: its label
+    names it), whose key-group count has its own default."""
+    return line.lstrip().startswith("WindowAggregate(") or ", watermark=[" in line
+
+
 def _state_lines(stateful: list, key_groups: int) -> list:
     """The stateful lines as far as state goes when keyed operators that set
     no count run with ``key_groups``: an explicit ``key groups=<that count>``
-    is the same state (a window aggregation's count has its own default)."""
+    is the same state."""
     suffix = f" key groups={key_groups}"
-    return [s[:-len(suffix)] if s.endswith(suffix) and not s.lstrip().startswith("WindowAggregate(")
-            else s for s in stateful]
+    return [s[:-len(suffix)] if s.endswith(suffix) and not _own_count(s) else s for s in stateful]
 
 
 def checkpoint_key_groups(checkpoint: str, fresh: int) -> int:
@@ -126,12 +132,11 @@ def checkpoint_key_groups(checkpoint: str, fresh: int) -> int:
 def rescale_fingerprint(directory: str, key_groups: int) -> None:
     """The fingerprint in ``directory`` after ``spark-changelog rescale``: the
     keyed operators run with ``key_groups`` (their lines lose an explicit
-    count, window aggregations keep theirs)."""
+    count, event-time operators keep theirs: the rescale leaves their state)."""
     old = read_fingerprint(directory)
     if old is None:
         return
-    lines = [re.sub(r" key groups=\d+$", "", s) if not s.lstrip().startswith("WindowAggregate(") else s
-             for s in old.get("stateful", [])]
+    lines = [s if _own_count(s) else re.sub(r" key groups=\d+$", "", s) for s in old.get("stateful", [])]
     write_fingerprint(directory, {**old, "stateful": lines, "state": _sha("\n".join(lines)),
                                   "key_groups": key_groups})
 
