@@ -580,14 +580,17 @@ class BatchHandler:
 
     @property
     def distributed(self) -> bool:
-        """The sink is written by the executors (a sink with a staged writer,
-        and no changelog output, which writes from the driver)."""
+        """The sink may be written by the executors (a sink with a staged
+        writer, and no changelog output, which writes from the driver)."""
         return self.changelog is None and hasattr(self.sink, "stage_batch")
 
     def run(self, df, batch_id: int, query_id: str) -> dict:
-        """The batch ``df`` (a micro-batch, or the whole bounded output) -> its record."""
-        if self.distributed:
-            return self.handle_distributed(df, batch_id, query_id)
+        """The batch ``df`` (a micro-batch, or the whole bounded output) ->
+        its record.  A sink may stage this batch on the executors (its
+        ``stage_batch`` gives a stage) or not (``None``: collected)."""
+        stage = self.sink.stage_batch(query_id, batch_id) if self.distributed else None
+        if stage is not None:
+            return self.handle_distributed(df, stage, batch_id, query_id)
         return self.handle(df.toArrow(), batch_id, query_id)
 
     def handle(self, batch: pa.Table, batch_id: int, query_id: str) -> dict:
@@ -603,18 +606,18 @@ class BatchHandler:
             result = self.sink.write_arrow_batch(data, query_id=query_id, batch_id=batch_id)
         return self._with_result(record, result, data.num_rows)
 
-    def handle_distributed(self, df, batch_id: int, query_id: str) -> dict:
+    def handle_distributed(self, df, stage, batch_id: int, query_id: str) -> dict:
         """The batch stays on the executors: the sink writers stage it
         (``runtime.sink_writers``), only side rows, null-key rejects and counts
         come back, then the sink commits the staged batch in one step."""
         from .sink_writers import write_partitions
-        stage = self.sink.stage_batch(query_id, batch_id)
         try:
             payloads, rejects, written = write_partitions(df, stage, self.key, self.table_name)
             rejects = pd.DataFrame(rejects, columns=["raw", "file", "line", "reason"])
             record = self._side_rows(payloads, rejects, batch_id)
         except BaseException:
-            stage.drop()     # nothing of the batch reached the table
+            if hasattr(stage, "drop"):
+                stage.drop()     # nothing of the batch reached the table
             raise
         result = stage.commit(written)
         return self._with_result(record, result, sum(w["rows"] for w in written))

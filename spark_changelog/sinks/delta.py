@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
@@ -87,7 +88,7 @@ _QUERY_ID_META = "spark_changelog.query_id"
 #: appends tried before a MERGE when other commits keep taking the next version
 _APPEND_ATTEMPTS = 3
 
-__all__ = ["DeltaUpsertSink", "DeltaSinkSchemaError", "PRIMARY_KEY_PROPERTY", "compact_table",
+__all__ = ["DeltaUpsertSink", "DeltaSinkSchemaError", "StagedAppend", "PRIMARY_KEY_PROPERTY", "compact_table",
            "read_table", "table_key"]
 
 
@@ -535,6 +536,23 @@ class DeltaUpsertSink(UpsertSink):
             writer_properties=self.writer_properties, commit_properties=props)
         dt.update_incremental()
 
+    # ------------------------------------------- appends written by the executors
+    def stage_batch(self, query_id: str, batch_id: int) -> "Optional[StagedAppend]":
+        """On the driver, before the sink writers run: when the batch is a
+        replay, or its net additions are appended (:meth:`_append_reason`, at
+        the version read now) to an unpartitioned table, a :class:`StagedAppend`
+        whose data files the executors write; otherwise ``None``: the batch is
+        collected and merged from the driver (docs/sinks.md, "Appends written by
+        the executors")."""
+        batch_id = _checked_ids(query_id, batch_id)
+        dt = self._table()
+        if _replayed(dt, query_id, batch_id):
+            return StagedAppend(self, query_id, batch_id, reason=None)
+        if dt.metadata().partition_columns:
+            return None
+        reason = self._append_reason(dt, query_id)
+        return None if reason is None else StagedAppend(self, query_id, batch_id, reason=reason)
+
     # ----------------------------------------------------------------- checks
     def _check_columns(self, names, query_id: str, batch_id: int) -> None:
         """The batch has the sink's columns plus ``_kind``/``_seq`` and nothing else
@@ -607,6 +625,91 @@ class DeltaUpsertSink(UpsertSink):
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as e:
             raise ValueError(f"batch {batch_id} of query {query_id!r} does not convert to the sink "
                              f"schema of {self.path!r}: {e}") from e
+
+
+class StagedAppend:
+    """A batch appended to the table with data files written by the executors
+    and one commit by the driver (picklable: the sink travels without its
+    open table).  ``reason`` None: the batch is a replay, nothing is written.
+
+    Each partition (every change of its keys in it) reduces its changes to
+    the net change per key and writes its net additions as one Parquet file
+    into the table's directory, named with a fresh id (a retried task writes
+    another file; only the files of the attempts Spark kept are committed,
+    the others are never referenced and a vacuum deletes them).  The commit
+    adds the files with the batch's ``txn``, only on top of the version the
+    decision read (``max_commit_retries=0``): a commit of another writer in
+    between fails the batch, and the query's restart decides again."""
+
+    def __init__(self, sink: DeltaUpsertSink, query_id: str, batch_id: int, reason: Optional[str]):
+        self.sink, self.query_id, self.batch_id, self.reason = sink, query_id, batch_id, reason
+
+    def write_partition(self, changes: pa.Table, partition: int) -> dict:
+        s = self.sink
+        if self.reason is None or changes.num_rows == 0:
+            return {"adds": 0, "retracts": 0, "files": []}
+        import uuid
+
+        import pyarrow.fs as pafs
+        import pyarrow.parquet as pq
+        from deltalake.fs import DeltaStorageHandler
+        s._check_arrow_batch(changes, self.query_id, self.batch_id)
+        is_add = IS_ADD[changes[KIND_COL].to_numpy().astype(np.int64)]
+        keep = last_change_per_key(arrow_key_arrays(changes, s.key),
+                                   changes[SEQ_COL].to_numpy().astype(np.int64), is_add)
+        net = s._cast(changes.select(list(s.columns)).take(keep), self.query_id, self.batch_id)
+        adds = net.filter(pa.array(is_add[keep]))
+        out = {"adds": adds.num_rows, "retracts": net.num_rows - adds.num_rows, "files": []}
+        if adds.num_rows:
+            name = f"part-{partition:05d}-{uuid.uuid4()}-c000.snappy.parquet"
+            fs = pafs.PyFileSystem(DeltaStorageHandler(s.path, s.storage_options))
+            with fs.open_output_stream(name) as f:
+                pq.write_table(adds, f, compression="snappy")
+            out["files"].append({"path": name, "size": fs.get_file_info(name).size,
+                                 "stats": _file_stats(adds, s.key)})
+        return out
+
+    def commit(self, written: list[dict]) -> dict:
+        s = self.sink
+        dt = s._dt          # the version the decision read: not refreshed
+        if self.reason is None:
+            return s._skipped(dt, self.batch_id)
+        from deltalake.transaction import AddAction
+        files = [f for w in written for f in w["files"]]
+        n_adds = sum(w["adds"] for w in written)
+        n_retracts = sum(w["retracts"] for w in written)
+        result = {**_empty_result(self.batch_id), "write": self.reason, "missing_deletes": n_retracts}
+        props = s._commit_properties(self.query_id, self.batch_id, max_commit_retries=0)
+        if files:
+            now = int(time.time() * 1000)
+            dt.create_write_transaction(
+                [AddAction(f["path"], f["size"], {}, now, True, f["stats"]) for f in files],
+                mode="append", schema=dt.schema(), commit_properties=props)
+            dt.update_incremental()
+        elif s.commit_empty_batches:
+            s._commit_progress_only(dt, self.query_id, self.batch_id, props)
+        else:
+            result["table_version"] = dt.version()
+            return result
+        result.update(committed=True, inserted=n_adds, upserted=n_adds, table_version=dt.version())
+        return result
+
+
+def _file_stats(table: pa.Table, key: Sequence[str]) -> str:
+    """Delta file statistics (``numRecords``; min, max and null count of the
+    integer and short string key columns, which MERGE prunes files by)."""
+    import pyarrow.compute as pc
+    mins, maxs, nulls = {}, {}, {}
+    for k in key:
+        col = table[k]
+        t = col.type
+        if not (pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t)):
+            continue
+        mm = pc.min_max(col).as_py()
+        if pa.types.is_integer(t) or all(len(v) <= 32 for v in mm.values() if v is not None):
+            mins[k], maxs[k], nulls[k] = mm["min"], mm["max"], col.null_count
+    return json.dumps({"numRecords": table.num_rows, "minValues": mins, "maxValues": maxs,
+                       "nullCount": nulls})
 
 
 def _checked_ids(query_id, batch_id) -> int:
