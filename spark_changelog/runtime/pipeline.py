@@ -611,13 +611,13 @@ class BatchHandler:
         (``runtime.sink_writers``), only side rows, null-key rejects and counts
         come back, then the sink commits the staged batch in one step."""
         from .sink_writers import write_partitions
+        written: list = []
         try:
             payloads, rejects, written = write_partitions(df, stage, self.key, self.table_name)
             rejects = pd.DataFrame(rejects, columns=["raw", "file", "line", "reason"])
             record = self._side_rows(payloads, rejects, batch_id)
         except BaseException:
-            if hasattr(stage, "drop"):
-                stage.drop()     # nothing of the batch reached the table
+            stage.drop(written)     # nothing of the batch reached the table
             raise
         result = stage.commit(written)
         return self._with_result(record, result, sum(w["rows"] for w in written))

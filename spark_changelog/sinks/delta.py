@@ -540,11 +540,14 @@ class DeltaUpsertSink(UpsertSink):
     def stage_batch(self, query_id: str, batch_id: int) -> "Optional[StagedAppend]":
         """On the driver, before the sink writers run: when the batch is a
         replay, or its net additions are appended (:meth:`_append_reason`, at
-        the version read now) to an unpartitioned table, a :class:`StagedAppend`
+        the version read now) to an existing unpartitioned table, a :class:`StagedAppend`
         whose data files the executors write; otherwise ``None``: the batch is
         collected and merged from the driver (docs/sinks.md, "Appends written by
         the executors")."""
         batch_id = _checked_ids(query_id, batch_id)
+        if self._dt is None and not _deltalake().DeltaTable.is_deltatable(self.path, self.storage_options):
+            # no table yet: collected, so that a batch that fails leaves no table behind
+            return None
         dt = self._table()
         if _replayed(dt, query_id, batch_id):
             return StagedAppend(self, query_id, batch_id, reason=None)
@@ -668,6 +671,15 @@ class StagedAppend:
             out["files"].append({"path": name, "size": fs.get_file_info(name).size,
                                  "stats": _file_stats(adds, s.key)})
         return out
+
+    def drop(self, written: list[dict]) -> None:
+        """The batch failed before its commit: delete the files its partitions
+        wrote (referenced by no version)."""
+        import pyarrow.fs as pafs
+        from deltalake.fs import DeltaStorageHandler
+        fs = pafs.PyFileSystem(DeltaStorageHandler(self.sink.path, self.sink.storage_options))
+        for f in (f for w in written for f in w["files"]):
+            fs.delete_file(f["path"])
 
     def commit(self, written: list[dict]) -> dict:
         s = self.sink

@@ -661,7 +661,7 @@ class StagedBatch:
             conn.execute(sql.SQL("ALTER TABLE {} ADD COLUMN {} boolean NOT NULL, ADD COLUMN {} integer NOT NULL")
                          .format(self._ident, sql.Identifier(STAGE_ADD_COL), sql.Identifier(STAGE_PART_COL)))
 
-    def drop(self) -> None:
+    def drop(self, written: list[dict]) -> None:
         """Drop the staging table (a batch that failed before its commit)."""
         self.sink._run_with_retries(
             lambda conn, attempt: conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(self._ident)),

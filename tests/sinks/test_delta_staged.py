@@ -5,6 +5,7 @@ staged; another writer's commit in between fails the batch, never doubles it."""
 from __future__ import annotations
 
 import json
+import os
 
 import pyarrow as pa
 import pytest
@@ -30,6 +31,7 @@ def test_a_first_batch_is_written_by_the_executors_and_committed_once(spark, tmp
         [(i, f"n{i}", 0, i) for i in range(1, 41)] + [(7, "n7", 3, 100), (8, "n8", 1, 101), (8, "m8", 2, 101)],
         f"id BIGINT, name STRING, {KIND_COL} TINYINT, {SEQ_COL} BIGINT")
     path = str(tmp_path / "t")
+    DeltaUpsertSink(path, ["id"], SCHEMA).write_arrow_batch(changes([]), query_id="setup", batch_id=0)
     report = ChangelogStream.from_dataframe(df, primary_key=["id"]).write_upsert(path)
     table = read_table(path)
     assert table["id"].tolist() == [i for i in range(1, 41) if i != 7]
@@ -44,6 +46,8 @@ def test_a_first_batch_is_written_by_the_executors_and_committed_once(spark, tmp
 def test_replays_and_merges_are_not_staged_and_a_concurrent_commit_fails_the_append(tmp_path):
     path = str(tmp_path / "t")
     sink = DeltaUpsertSink(path, ["id"], SCHEMA)
+    assert sink.stage_batch("q", 0) is None            # no table yet: collected (a failure leaves none)
+    sink.write_arrow_batch(changes([]), query_id="setup", batch_id=0)
     staged = sink.stage_batch("q", 0)
     assert staged.reason == "append: empty table"
     w = staged.write_partition(changes([(0, 1, 1, "a"), (0, 2, 2, "b"), (3, 3, 9, None)]), 0)
@@ -59,9 +63,12 @@ def test_replays_and_merges_are_not_staged_and_a_concurrent_commit_fails_the_app
 
     other = str(tmp_path / "u")
     sink = DeltaUpsertSink(other, ["id"], SCHEMA)
+    sink.write_arrow_batch(changes([]), query_id="setup", batch_id=0)
     staged = sink.stage_batch("q", 0)
     w = staged.write_partition(changes([(0, 1, 1, "a")]), 0)
     DeltaUpsertSink(other, ["id"], SCHEMA).write_arrow_batch(changes([(0, 1, 1, "x")]), query_id="p", batch_id=0)
     with pytest.raises(Exception, match="(?i)commit|version|conflict"):
         staged.commit([w])
     assert read_table(other)["name"].tolist() == ["x"]
+    staged.drop([w])                                   # the failed batch's file is deleted
+    assert not os.path.exists(os.path.join(other, w["files"][0]["path"]))
