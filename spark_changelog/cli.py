@@ -21,7 +21,7 @@ def _session(args):
     if bad:
         raise UsageError(f"--conf {bad[0]}: expected KEY=VALUE")
     confs = dict(kv.split("=", 1) for kv in (args.conf or []))
-    return build_session("spark-changelog", master=args.master, configs=confs)
+    return build_session("spark-changelog", master=args.master, configs=confs, remote=args.remote)
 
 
 def cmd_normalize(args) -> int:
@@ -228,6 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="spark-changelog",
                                 description="Flink-SQL-grade changelog processing on Apache Spark")
     p.add_argument("--master", help="Spark master URL (default: local[2], or SPARK_CHANGELOG_MASTER)")
+    p.add_argument("--remote", metavar="sc://HOST:PORT",
+                   help="run through a Spark Connect server (default: SPARK_REMOTE when no --master)")
     p.add_argument("--conf", action="append", metavar="KEY=VALUE", help="extra Spark config")
     p.add_argument("--verbose", "-v", action="store_true",
                    help="on failure, print the traceback here too (it always goes to the log "

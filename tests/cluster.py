@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -35,6 +34,7 @@ import sysconfig
 import time
 import zipfile
 
+import pandas as pd
 import pyspark
 
 SPARK_HOME = os.path.dirname(os.path.realpath(pyspark.__file__))
@@ -272,7 +272,7 @@ class ConnectServer:
         for k, v in confs.items():
             args += ["--conf", f"{k}={v}"]
         log = os.path.join(self.directory, "connect-server.log")
-        self.proc = _spawn(args, log, spark_env(PYSPARK_PYTHON=sys.executable))
+        self.proc = _spawn(args, log, spark_env(PYSPARK_PYTHON=sys.executable, SPARK_DAEMON_MEMORY="1g"))
         try:
             _wait_for_line(log, "Spark Connect server started", self.proc, 240)
         except BaseException:
@@ -299,5 +299,36 @@ def start_cli(args, env: dict | None = None) -> subprocess.Popen:
                             preexec_fn=_die_with_parent)
 
 
-def remove(path: str) -> None:
-    shutil.rmtree(path, ignore_errors=True)
+# -- the job the tests run on each deployment ------------------------------------
+#: the Debezium input of ``spark_changelog.demo.generate_debezium``: one file per micro-batch
+ROWS, KEYS, FILES = 6_000, 800, 4
+
+
+def normalize_args(src, out, *, streaming=True, changelog=True) -> list:
+    """``spark-changelog normalize`` of the demo's input into ``out``."""
+    from spark_changelog.demo import SCHEMA
+    args = ["normalize", src, f"{out}/table", "--format", "debezium-json", "--key", "id",
+            "--schema", SCHEMA, "--dead-letter", f"{out}/dead"]
+    if streaming:
+        args += ["--streaming", "--checkpoint", f"{out}/ck", "--max-files-per-trigger", "1"]
+    if changelog:
+        args += ["--changelog", f"{out}/log"]
+    return args
+
+
+def assert_table(path, expected: pd.DataFrame) -> None:
+    """The Delta table at ``path`` holds exactly ``expected``."""
+    from spark_changelog.sinks.delta import read_table
+    got = read_table(str(path))[list(expected.columns)].sort_values("id").reset_index(drop=True)
+    pd.testing.assert_frame_equal(got, expected.astype(got.dtypes.to_dict()), check_exact=True)
+
+
+def assert_summary(out: str, batches: int) -> None:
+    """The run report's counts as the summary prints them (3 bad lines and a
+    tombstone in the input)."""
+    assert f"batches: {batches}" in out, out
+    assert "invalid rows (dead letter): 3   tombstones skipped: 1" in out, out
+    rows_in = int(out.split("changelog rows in: ")[1].split()[0])
+    assert rows_in > ROWS, out       # an update is a -U/+U pair
+
+

@@ -458,12 +458,8 @@ def _plain_type(dtype: T.DataType) -> T.DataType:
 def avro_available(spark: SparkSession) -> bool:
     """Whether Spark finds its ``avro`` data source (the classes ship with
     Spark, the data source is registered by the package)."""
-    try:
-        spark._jvm.org.apache.spark.sql.execution.datasources.DataSource.lookupDataSource(
-            "avro", spark._jsparkSession.sessionState().conf())
-    except Exception:
-        return False
-    return True
+    from .session_info import data_source_available
+    return data_source_available(spark, "avro")
 
 
 def require_avro(spark: SparkSession) -> None:

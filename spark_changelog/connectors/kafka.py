@@ -80,6 +80,9 @@ def kafka_package(spark: SparkSession) -> str:
 
 
 def _kafka_on_classpath(spark: SparkSession) -> bool:
+    from .session_info import data_source_available, is_connect
+    if is_connect(spark):
+        return data_source_available(spark, "kafka")
     try:
         loader = spark.sparkContext._jvm.java.lang.Thread.currentThread().getContextClassLoader()
         spark.sparkContext._jvm.java.lang.Class.forName(_PROVIDER, False, loader)

@@ -56,6 +56,8 @@ from typing import Iterator, Optional, Sequence, Union
 import numpy as np
 import pyarrow as pa
 
+from .session_info import default_parallelism
+
 #: digits strings longer than this exceed 2^59 (range checks reject them)
 _ROW_LIMIT_DIGITS = 18
 _OUT_OF_RANGE = 1 << 62
@@ -139,7 +141,7 @@ def read_lines(spark, path: Union[str, Sequence[str]], *, streaming: bool = Fals
         paths = [path] if isinstance(path, str) else list(path)
         files = spark.read.format("binaryFile").load(paths)
     max_split = max(1, int(_bytes(spark.conf.get("spark.sql.files.maxPartitionBytes", "128m"))))
-    tasks = max(1, int(spark.sparkContext.defaultParallelism))
+    tasks = max(1, default_parallelism(spark))
     ranges = files.selectExpr(
         "path", "length", f"CASE WHEN path RLIKE '{_COMPRESSED_SQL}' THEN greatest(length, 1) ELSE "
         + split_size_sql("length", tasks, max_split) + " END AS split")

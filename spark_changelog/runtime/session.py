@@ -138,19 +138,31 @@ def _jvm_output_to_log():
 
 
 def build_session(app_name: str = "spark-changelog", master: Optional[str] = None,
-                  configs: Optional[Mapping[str, str]] = None):
+                  configs: Optional[Mapping[str, str]] = None, remote: Optional[str] = None):
     """Create (or get) a SparkSession with the project's defaults.
 
-    Python workers must run this interpreter: otherwise they start the system
-    Python and fail with "No module named pandas".  The JVM's and the workers'
-    own output goes to :func:`spark_log_path`, not the terminal.
+    ``remote`` (or ``$SPARK_REMOTE`` when no master is given): a Spark
+    Connect URL (``sc://host:port``); the session is a Connect client
+    (:func:`build_connect_session`, docs/deploy.md "Spark Connect").
+    Otherwise a classic session on ``master``.  Python workers must run this
+    interpreter: otherwise they start the system Python and fail with "No
+    module named pandas".  The JVM's and the workers' own output goes to
+    :func:`spark_log_path`, not the terminal.
     """
+    master = master or os.environ.get("SPARK_CHANGELOG_MASTER")
+    remote = remote or (None if master else os.environ.get("SPARK_REMOTE"))
+    if remote:
+        if master:
+            from ..model.errors import UsageError
+            raise UsageError(f"both a master ({master}) and a Spark Connect URL ({remote}) given",
+                             todo="give one: --master URL for a classic session, --remote "
+                                  "sc://... (or SPARK_REMOTE) for Spark Connect")
+        return build_connect_session(remote, app_name, configs)
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name)
-    master = master or os.environ.get("SPARK_CHANGELOG_MASTER")
     if master:
         builder = builder.master(master)
     elif "PYSPARK_GATEWAY_PORT" not in os.environ:
@@ -174,9 +186,54 @@ def build_session(app_name: str = "spark-changelog", master: Optional[str] = Non
         builder = builder.config(k, v)
     from pyspark import SparkContext
     launching = SparkContext._gateway is None and "PYSPARK_GATEWAY_PORT" not in os.environ
-    with (_jvm_output_to_log() if launching else contextlib.nullcontext()):
-        spark = builder.getOrCreate()
+    # pyspark itself turns any session into a Connect client while SPARK_REMOTE is set
+    saved_remote = os.environ.pop("SPARK_REMOTE", None)
+    try:
+        with (_jvm_output_to_log() if launching else contextlib.nullcontext()):
+            spark = builder.getOrCreate()
+    finally:
+        if saved_remote is not None:
+            os.environ["SPARK_REMOTE"] = saved_remote
     spark.sparkContext.setLogLevel("ERROR")
+    quiet_pyspark_loggers()
+    return spark
+
+
+#: what a Connect client sets on its server session: the SQL settings of
+#: DEFAULT_CONFIGS that a session may change.  The rest (the state store
+#: provider, memory, the Python workers' interpreter, JVM options) belongs
+#: to the server's own configuration (docs/deploy.md, "Spark Connect").
+CONNECT_SESSION_CONFIGS = {k: v for k, v in DEFAULT_CONFIGS.items()
+                           if k.startswith("spark.sql.") and k != "spark.sql.streaming.stateStore.providerClass"}
+
+
+def build_connect_session(remote: str, app_name: str = "spark-changelog",
+                          configs: Optional[Mapping[str, str]] = None):
+    """A Spark Connect client session on ``remote`` (``sc://host:port``) with
+    :data:`CONNECT_SESSION_CONFIGS` and ``configs`` set as session settings.
+
+    The server must run RocksDB state stores (``transformWithState`` needs
+    them; a server's static setting): checked here, so a run does not fail
+    later inside its first stateful micro-batch."""
+    from pyspark.sql import SparkSession
+    from ..model.errors import UsageError
+
+    try:
+        # pyspark's own builder (not the Connect module's): it also switches
+        # pyspark's functions (types from DDL, column functions) to Connect
+        spark = SparkSession.builder.remote(remote).getOrCreate()
+    except Exception as err:    # noqa: BLE001 - a bad URL or unreachable server: one clear message
+        raise UsageError(f"cannot connect to Spark Connect at {remote}: {str(err).splitlines()[0]}",
+                         todo="give the URL of a running Spark Connect server (sc://host:15002)") from err
+    provider = spark.conf.get("spark.sql.streaming.stateStore.providerClass", None)
+    if provider != ROCKSDB_PROVIDER:
+        raise UsageError(f"the Spark Connect server at {remote} runs the state store {provider}",
+                         todo=f"start it with --conf spark.sql.streaming.stateStore.providerClass="
+                              f"{ROCKSDB_PROVIDER}")
+    settings = dict(CONNECT_SESSION_CONFIGS)
+    settings.update(configs or {})
+    for k, v in settings.items():
+        spark.conf.set(k, v)
     quiet_pyspark_loggers()
     return spark
 

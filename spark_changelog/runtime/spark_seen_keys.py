@@ -36,7 +36,8 @@ def default_first_step_tasks(spark) -> int:
     """1 on a local master (a laptop's micro-batches, where a Python task's
     fixed cost outweighs its work); on a cluster the shuffle partitions, so
     a large micro-batch is not read and deduplicated in one task."""
-    if spark.sparkContext.master.startswith("local"):
+    from ..connectors.session_info import master_of
+    if master_of(spark).startswith("local"):
         return 1
     return int(spark.conf.get("spark.sql.shuffle.partitions"))
 

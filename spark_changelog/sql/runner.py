@@ -199,8 +199,12 @@ def _resume_hint(checkpoint: Optional[str], batch: bool) -> str:
 
 
 def _cancel_jobs(spark) -> None:
+    from ..connectors.session_info import is_connect
     try:
-        spark.sparkContext.cancelAllJobs()
+        if is_connect(spark):
+            spark.interruptAll()
+        else:
+            spark.sparkContext.cancelAllJobs()
     except Exception:   # noqa: BLE001 -- the JVM may already be gone
         pass
 

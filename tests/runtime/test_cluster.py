@@ -21,12 +21,12 @@ import pytest
 import cluster as cl
 import kill_window as kw
 from spark_changelog.connectors.dead_letter import read_dead_letter
-from spark_changelog.demo import SCHEMA, generate_debezium
+from spark_changelog.demo import generate_debezium
 from spark_changelog.sinks.delta import read_table
 
 LONG = bool(os.environ.get("SPARK_CHANGELOG_LONG_TESTS"))
 long_only = pytest.mark.skipif(not LONG, reason="long variant: SPARK_CHANGELOG_LONG_TESTS=1")
-ROWS, KEYS, FILES = 6_000, 800, 4
+from cluster import FILES, KEYS, ROWS, assert_summary, assert_table, normalize_args
 
 
 @pytest.fixture(scope="module")
@@ -45,30 +45,6 @@ def cdc(tmp_path_factory):
     directory = str(tmp_path_factory.mktemp("cdc") / "in")
     expected = generate_debezium(directory, ROWS, KEYS, files=FILES)
     return directory, expected
-
-
-def normalize_args(src, out, *, streaming=True, changelog=True) -> list:
-    args = ["normalize", src, f"{out}/table", "--format", "debezium-json", "--key", "id",
-            "--schema", SCHEMA, "--dead-letter", f"{out}/dead"]
-    if streaming:
-        args += ["--streaming", "--checkpoint", f"{out}/ck", "--max-files-per-trigger", "1"]
-    if changelog:
-        args += ["--changelog", f"{out}/log"]
-    return args
-
-
-def assert_table(path, expected: pd.DataFrame) -> None:
-    got = read_table(str(path))[list(expected.columns)].sort_values("id").reset_index(drop=True)
-    pd.testing.assert_frame_equal(got, expected.astype(got.dtypes.to_dict()), check_exact=True)
-
-
-def assert_summary(out: str, batches: int) -> None:
-    """The run report's counts as the summary prints them (3 bad lines and a
-    tombstone in the input)."""
-    assert f"batches: {batches}" in out, out
-    assert "invalid rows (dead letter): 3   tombstones skipped: 1" in out, out
-    rows_in = int(out.split("changelog rows in: ")[1].split()[0])
-    assert rows_in > ROWS, out       # an update is a -U/+U pair
 
 
 def changelog_rows(path) -> pd.DataFrame:

@@ -33,3 +33,23 @@ def test_checkpoint_files_are_replaced_on_replay(spark):
     manager = jvm.org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager.create(
         jvm.org.apache.hadoop.fs.Path("file:///tmp"), spark.sparkContext._jsc.hadoopConfiguration())
     assert manager.getClass().getSimpleName() == "FileContextBasedCheckpointFileManager"
+
+
+def test_a_master_and_a_connect_url_exclude_each_other(monkeypatch):
+    import pytest
+    from spark_changelog.model.errors import UsageError
+    from spark_changelog.runtime.session import build_session
+    with pytest.raises(UsageError, match=r"both a master \(local\[2\]\) and a Spark Connect URL"):
+        build_session(master="local[2]", remote="sc://127.0.0.1:1")
+    # SPARK_REMOTE is the default only when no master is given; a master wins over it
+    monkeypatch.setenv("SPARK_REMOTE", "sc://127.0.0.1:1")
+    monkeypatch.setenv("SPARK_CHANGELOG_MASTER", "local[2]")
+    with pytest.raises(UsageError, match="both a master"):
+        build_session(remote="sc://127.0.0.1:1")
+
+
+def test_the_connect_session_sets_only_session_settings():
+    from spark_changelog.runtime.session import CONNECT_SESSION_CONFIGS
+    assert CONNECT_SESSION_CONFIGS["spark.sql.session.timeZone"] == "UTC"
+    assert all(k.startswith("spark.sql.") for k in CONNECT_SESSION_CONFIGS)
+    assert "spark.sql.streaming.stateStore.providerClass" not in CONNECT_SESSION_CONFIGS
