@@ -3,8 +3,10 @@ the PySpark installation (tests/cluster.py, ``ConnectServer``) and the CLI
 with ``--remote sc://...`` or ``SPARK_REMOTE`` (docs/deploy.md, "Spark
 Connect").  Paths are absolute: the server resolves them.
 
-The default run has one case (the normalize); ``SPARK_CHANGELOG_LONG_TESTS=1``
-adds the SQL join with its materializer, through ``SPARK_REMOTE``.
+The default run has one case (the streaming normalize, its report compared
+with the embedded default's); ``SPARK_CHANGELOG_LONG_TESTS=1`` adds the batch
+normalize and the SQL join with its materializer, streaming and batch,
+through ``SPARK_REMOTE``.
 """
 from __future__ import annotations
 
@@ -38,17 +40,34 @@ def cdc(tmp_path_factory):
     return directory, generate_debezium(directory, ROWS, KEYS, files=FILES)
 
 
-def test_batch_normalize_through_connect(connect_server, cdc, tmp_path):
+@pytest.mark.parametrize("mode", ["streaming", pytest.param("batch", marks=long_only)])
+def test_normalize_through_connect(connect_server, cdc, tmp_path, mode):
+    """Table exact, dead letters written, and the run report's counts right:
+    streaming, the batch handler runs in the server's Python process and
+    the client reads its per-batch records (docs/deploy.md, "Spark Connect")."""
     src, expected = cdc
-    r = cl.run_cli(["--remote", connect_server.url] + cl.normalize_args(src, tmp_path, streaming=False))
+    streaming = mode == "streaming"
+    r = cl.run_cli(["--remote", connect_server.url]
+                   + cl.normalize_args(src, tmp_path, streaming=streaming))
     assert r.returncode == 0, r.stderr + r.stdout
     assert_table(tmp_path / "table", expected)
-    assert_summary(r.stdout, 1)
+    assert_summary(r.stdout, FILES if streaming else 1)
     assert len(read_dead_letter(str(tmp_path / "dead"))) == 3
+    if streaming and LONG:
+        # the same counts as the embedded default's run of the same job
+        local = cl.run_cli(cl.normalize_args(src, tmp_path / "local"))
+        assert local.returncode == 0, local.stderr
+        assert _counts(r.stdout) == _counts(local.stdout)
+
+
+def _counts(summary: str) -> list[str]:
+    """The summary's lines with counts (not the time or the paths)."""
+    return [line for line in summary.splitlines()
+            if not line.startswith(("time:", "upsert table:", "changelog:", "dead letter:"))]
 
 
 @long_only
-@pytest.mark.parametrize("mode", ["batch"])
+@pytest.mark.parametrize("mode", ["streaming", "batch"])
 def test_sql_join_through_connect(connect_server, tmp_path, mode):
     base = tmp_path / "job"
     kw.write_files(base, 0, kw.FILES)
