@@ -33,7 +33,6 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(ROOT, "tests"))
 from whole_job import SCHEMA_DDL, cached_files, input_arguments, machine_load  # noqa: E402
 
 
@@ -154,6 +153,17 @@ def run(label: str, inp: str, work: str, master: str, confs: dict, worker_pids=(
     return res
 
 
+def _test_cluster_module():
+    """tests/cluster.py, which starts the standalone cluster (by path: this
+    file has the same module name)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("test_cluster_support",
+                                                  os.path.join(ROOT, "tests", "cluster.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     input_arguments(ap, events=5_000_000, ids=1_000_000)
@@ -162,8 +172,8 @@ def main(argv=None) -> None:
     if args.job:
         job(*args.job)
         return
-    import cluster as cl
     from spark_changelog.sinks.delta import read_table
+    cl = _test_cluster_module()
 
     inp = cached_files(args.cache, args.events, args.ids, args.files)
     work = tempfile.mkdtemp(prefix="bench-cluster-")
