@@ -99,8 +99,9 @@ def _tree(children: dict, root: int) -> list:
 
 class PeakMemory:
     """Peak resident memory (MiB) of process groups, sampled every 0.2 s:
-    ``driver`` (the job's Python and JVM), ``python_workers`` (its Python
-    workers, local runs), ``executors`` (the workers' executor trees)."""
+    ``driver`` (the job's Python process and its JVM), ``python_workers``
+    (the Python processes below them: the local run's Python workers),
+    ``executors`` (the workers' executor JVMs and their Python workers)."""
 
     def __init__(self, job_pid: int, worker_pids=()):
         self.job_pid, self.worker_pids = job_pid, list(worker_pids)
@@ -121,8 +122,8 @@ class PeakMemory:
             children = _children()
             driver = workers = 0
             for pid in _tree(children, self.job_pid):
-                cmd = _cmdline(pid)
-                if "pyspark.worker" in cmd or "worker_daemon" in cmd or "pyspark/daemon" in cmd:
+                argv = _cmdline(pid).split(" ")
+                if os.path.basename(argv[0]).startswith("python") and pid != self.job_pid:
                     workers += _rss_kb(pid)
                 else:
                     driver += _rss_kb(pid)
