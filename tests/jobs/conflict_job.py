@@ -3,19 +3,13 @@ process by tests/operators/test_conflict_spark.py.
 
 argv: INPUT_DIR TABLE CHECKPOINT CHANGELOG [HANG_AFTER_BATCH]  (see job_progress)
 """
-import sys
-
-from job_progress import progress_printer
+from job_progress import changelog_files, job_start, progress_printer
 from spark_changelog.api import ChangelogStream
-from spark_changelog.runtime.session import build_session
 
 
 def main() -> None:
-    src, table, ck, log = sys.argv[1:5]
-    hang_after = int(sys.argv[5]) if len(sys.argv) > 5 else None
-    spark = build_session("conflict-crash-test-job", configs={"spark.sql.shuffle.partitions": "2"})
-    df = (spark.readStream.format("parquet").option("maxFilesPerTrigger", 1)
-          .schema("uk BIGINT, pk BIGINT, v STRING, t BIGINT, _kind TINYINT, _seq BIGINT").load(src))
+    (src, table, ck, log), hang_after, spark = job_start("conflict-crash-test-job", 4)
+    df = changelog_files(spark, src, "uk BIGINT, pk BIGINT, v STRING, t BIGINT, _kind TINYINT, _seq BIGINT")
     stream = (ChangelogStream.from_dataframe(df, primary_key=["uk"])
               .with_column("rt", "timestamp_millis(t)").with_watermark("rt", 0))
     report = stream.write_upsert(table, key="pk", conflict="nothing", checkpoint=ck,

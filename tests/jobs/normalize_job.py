@@ -7,19 +7,14 @@ done: the test kills it there, so the restart must replay batch k.
 ``KEY_GROUPS`` (environment, default 4): the normalize's key groups.
 """
 import os
-import sys
 
-from job_progress import progress_printer
+from job_progress import changelog_files, job_start, progress_printer
 from spark_changelog.api import ChangelogStream
-from spark_changelog.runtime.session import build_session
 
 
 def main() -> None:
-    src, table, ck, log = sys.argv[1:5]
-    hang_after = int(sys.argv[5]) if len(sys.argv) > 5 else None
-    spark = build_session("crash-test-job", configs={"spark.sql.shuffle.partitions": "2"})
-    df = (spark.readStream.format("parquet").option("maxFilesPerTrigger", 1)
-          .schema("id BIGINT, name STRING, score BIGINT, _kind TINYINT, _seq BIGINT").load(src))
+    (src, table, ck, log), hang_after, spark = job_start("crash-test-job", 4)
+    df = changelog_files(spark, src, "id BIGINT, name STRING, score BIGINT, _kind TINYINT, _seq BIGINT")
     stream = ChangelogStream.from_dataframe(df, primary_key=["id"]).normalize(
         key_groups=int(os.environ.get("KEY_GROUPS", "4")))
 

@@ -7,24 +7,18 @@ committed by the PostgreSQL sink and then hangs inside the batch, before Spark
 records the batch as done: the test kills it there, so the restart must replay
 batch k (and the sink must skip it).
 """
-import sys
-
 import pyarrow as pa
 
-from job_progress import progress_printer
+from job_progress import changelog_files, job_start, progress_printer
 from spark_changelog.api import ChangelogStream
-from spark_changelog.runtime.session import build_session
 from spark_changelog.sinks.postgres import PostgresUpsertSink
 
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("score", pa.int64())])
 
 
 def main() -> None:
-    src, conninfo, table, ck = sys.argv[1:5]
-    hang_after = int(sys.argv[5]) if len(sys.argv) > 5 else None
-    spark = build_session("pg-crash-test-job", configs={"spark.sql.shuffle.partitions": "2"})
-    df = (spark.readStream.format("parquet").option("maxFilesPerTrigger", 1)
-          .schema("id BIGINT, name STRING, score BIGINT, _kind TINYINT, _seq BIGINT").load(src))
+    (src, conninfo, table, ck), hang_after, spark = job_start("pg-crash-test-job", 4)
+    df = changelog_files(spark, src, "id BIGINT, name STRING, score BIGINT, _kind TINYINT, _seq BIGINT")
     stream = ChangelogStream.from_dataframe(df, primary_key=["id"]).normalize(key_groups=4)
     sink = PostgresUpsertSink(conninfo, table, ["id"], SCHEMA)
 
