@@ -107,12 +107,12 @@ def cmd_run(args) -> int:
             raise UsageError("give --batch (one batch job) or --checkpoint DIR (a resumable "
                              "streaming query)")
     _check_outputs(checkpoint=args.checkpoint, dead_letter=args.dead_letter,
-                   late_output=args.late_output)
+                   late_output=args.late_output, changelog=args.changelog)
     spark = _session(args)
     run_script(spark, script, batch=batch, checkpoint=args.checkpoint,
                dead_letter=args.dead_letter, strict=args.strict,
                show_progress=not args.no_progress, late_output=args.late_output,
-               on_finished=print_summary)
+               changelog=args.changelog, on_finished=print_summary)
     return 0
 
 
@@ -284,6 +284,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--late-output", metavar="DIR", help="where window operators put late rows "
                                                         "(default: the script's "
                                                         "'spark-changelog.late-output.path')")
+    r.add_argument("--changelog", metavar="DIR", help="also write the emitted changelog here "
+                                                      "(Parquet, one file per micro-batch)")
     r.add_argument("--no-progress", action="store_true", help="no live progress display")
     r.set_defaults(func=cmd_run)
 

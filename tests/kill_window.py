@@ -81,6 +81,10 @@ def write_files(base, first: int, last: int) -> None:
             with open(path + ".tmp", "w") as fh:
                 fh.write("\n".join(lines) + "\n")
             os.replace(path + ".tmp", path)
+            # Spark's file source takes the oldest files first by modification
+            # time in milliseconds, ties in no fixed order: files written within
+            # one millisecond could make two runs' micro-batches differ
+            time.sleep(0.002)
 
 
 # -- the pipelines ---------------------------------------------------------------
@@ -122,6 +126,8 @@ def sql_script(kind: str, base: str) -> str:
 #: the columns of each kind's output table
 OUT_COLS = {"join": ("id", "level", "attr"), "normalize": ("id", "level", "t"),
             "aggregation": ("level", "n", "total")}
+#: the sink key of each kind's output table
+SINK_KEY = {"join": ("id",), "normalize": ("id",), "aggregation": ("level",)}
 
 
 def api_pipeline(spark, kind: str, base: str):

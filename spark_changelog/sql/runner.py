@@ -87,9 +87,12 @@ def run_script(spark, script: Script, *, batch: bool, checkpoint: Optional[str] 
                dead_letter: Optional[str] = None, strict: bool = False,
                key_groups: Optional[int] = None, show_progress: bool = True,
                out: Optional[TextIO] = None, late_output: Optional[str] = None,
+               changelog: Optional[str] = None,
                on_finished: Optional[Callable[[InsertRun], None]] = None) -> list[InsertRun]:
     """Plan the whole script, then run its INSERTs (see the module docstring).
     ``out``: where EXPLAIN output and print sinks write (default: stdout).
+    ``changelog``: also write each INSERT's emitted changes there (Parquet,
+    one file per micro-batch; a subdirectory per INSERT when there are several).
     ``on_finished``: called with each INSERT's run as soon as it finishes
     (``print_summary`` prints its summary).  A failing INSERT's error says
     which INSERTs had already written their tables; Ctrl-C stops a streaming
@@ -139,12 +142,14 @@ def run_script(spark, script: Script, *, batch: bool, checkpoint: Optional[str] 
         ck = os.path.join(checkpoint, sub or "query") if checkpoint else None
         dl = os.path.join(dead_letter, sub) if dead_letter and sub else dead_letter
         late = os.path.join(late_output, sub) if late_output and sub else late_output
+        log = os.path.join(changelog, sub) if changelog and sub else changelog
         where = f"INSERT INTO {p.table.name} ({script.path or 'script'} line {p.insert.position.line})"
         progress = _Progress(p, enabled=show_progress)
         try:
             with located(where, checkpoint=ck), progress:
                 report = p.run(checkpoint=ck, dead_letter=dl, strict=strict,
-                               progress=progress.update, out=sink_out, late_output=late)
+                               progress=progress.update, out=sink_out, late_output=late,
+                               changelog_path=log)
         except KeyboardInterrupt:
             _cancel_jobs(spark)
             raise Interrupted("stopped by Ctrl-C", where=where,

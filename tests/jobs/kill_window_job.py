@@ -3,7 +3,7 @@ own process by tests/runtime/test_kill_window.py.
 
 argv: FRONT(sql|api) KIND BASE CHECKPOINT
 Reads BASE/s1 and BASE/s2, writes the table BASE/out, dead letters to
-BASE/dead (and, API, the emitted changelog to BASE/log).  With
+BASE/dead and the emitted changelog to BASE/log.  With
 ``KILL_WINDOW_LOG`` set, it kills itself in the next replay window
 (tests/kill_window.py).
 """
@@ -23,8 +23,8 @@ def main() -> None:
         from spark_changelog.sql.runner import run_script
         from spark_changelog.sql.script import parse_script
         runs = run_script(spark, parse_script(kw.sql_script(kind, base), f"{kind}.sql"), batch=False,
-                          checkpoint=ck, dead_letter=f"{base}/dead", key_groups=kw.KEY_GROUPS,
-                          show_progress=False)
+                          checkpoint=ck, dead_letter=f"{base}/dead", changelog=f"{base}/log",
+                          key_groups=kw.KEY_GROUPS, show_progress=False)
         reports = [r.report for r in runs]
     else:
         stream, options = kw.api_pipeline(spark, kind, base)
