@@ -351,8 +351,9 @@ def run_to_sink(df, table, *, key, schema: pa.Schema, checkpoint: Optional[str] 
     trigger until ``until(report)`` is true (checked every 0.2 s) or it fails.
 
     The report travels as one small record per micro-batch (docs/runtime.md,
-    "The run report"): the batch handler (:class:`BatchHandler`, which may run
-    in another process: a Spark Connect server) builds it and, streaming,
+    "Sink writers on the executors, and the run report"): the batch handler
+    (:class:`BatchHandler`, which may run in another process: a Spark Connect
+    server) builds it and, streaming,
     writes it to ``<checkpoint>/reports``; the report folds it in.
     """
     from ..sinks.changelog import ChangelogSink
