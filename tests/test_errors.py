@@ -20,6 +20,7 @@ from typing import Callable
 
 import pytest
 
+from long_variants import LONG
 from spark_changelog.cli import main
 
 # --------------------------------------------------------------------------- inputs
@@ -745,7 +746,7 @@ def test_spark_errors_inside_a_failed_streaming_query_are_sorted_by_their_own_cl
         "query then reads its sources again from the start)"]
 
 
-@pytest.mark.skipif(os.environ.get("SPARK_CHANGELOG_LONG_TESTS") != "1" or os.geteuid() != 0,
+@pytest.mark.skipif(not LONG or os.geteuid() != 0,
                     reason="long variant (SPARK_CHANGELOG_LONG_TESTS=1) that mounts a tmpfs "
                            "(root)")
 def test_a_disk_that_fills_up_during_the_write_leaves_no_rows(spark, tmp, capfd):

@@ -24,7 +24,7 @@ from pg_cdc_workload import Workload, create_tables, drop_slots, expected_join
 
 pytestmark = pytest.mark.postgres
 
-LONG = os.environ.get("SPARK_CHANGELOG_LONG_TESTS") == "1"
+from long_variants import LONG
 
 
 def run_until_killed(args, delay_s: float, after_commit: bool, superseded: list) -> list[str]:

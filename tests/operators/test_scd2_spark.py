@@ -17,6 +17,7 @@ import pytest
 
 from changelog_data import load_fixture, set_arrival, to_frame
 from kill_restart import crash_in_batch, restart
+from long_variants import long_only
 from spark_changelog.api import ChangelogStream
 from spark_changelog.auto_cdc import auto_cdc_stream, create_auto_cdc_flow
 from spark_changelog.cli import main
@@ -98,8 +99,7 @@ def test_kill_and_restart_into_postgres_is_exact(tmp_path, pg_server):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.environ.get("SPARK_CHANGELOG_LONG_TESTS"),
-                    reason="long variant: set SPARK_CHANGELOG_LONG_TESTS=1")
+@long_only("a kill -9 and restart into Delta")
 def test_kill_and_restart_into_delta_is_exact(tmp_path):
     """The same crash with a Delta history table (the default suite has the
     PostgreSQL one; both sinks skip a replayed batch the same way)."""

@@ -18,14 +18,14 @@ import os
 import pytest
 
 import cluster as cl
+import long_variants
 from cluster import FILES, KEYS, ROWS, assert_summary, assert_table
 import kill_window as kw
 from spark_changelog.connectors.dead_letter import read_dead_letter
 from spark_changelog.demo import generate_debezium
 from spark_changelog.sinks.delta import read_table
 
-LONG = bool(os.environ.get("SPARK_CHANGELOG_LONG_TESTS"))
-long_only = pytest.mark.skipif(not LONG, reason="long variant: SPARK_CHANGELOG_LONG_TESTS=1")
+long_only = long_variants.long_only("a cluster job of minutes")
 
 
 @pytest.fixture(scope="module")

@@ -22,6 +22,7 @@ import os
 import pytest
 
 import kill_window as kw
+from long_variants import LONG
 from spark_changelog.connectors.dead_letter import read_dead_letter
 from spark_changelog.sinks.changelog import read_changelog
 from spark_changelog.sinks.delta import read_table
@@ -29,7 +30,7 @@ from spark_changelog.sinks.delta import read_table
 KILLS = 5
 DEFAULT = [("sql", "join")]
 CASES = ([(f, k) for k in kw.SQL for f in ("sql", "api")]
-         if os.environ.get("SPARK_CHANGELOG_LONG_TESTS") else DEFAULT)
+         if LONG else DEFAULT)
 
 
 def _table(path, kind):

@@ -15,6 +15,7 @@ import pytest
 
 import kill_window as kw
 from kill_restart import COLS, EXPECTED_CHANGELOG, EXPECTED_TABLE, write_input
+from long_variants import long_only
 from spark_changelog import cli
 from spark_changelog.api import ChangelogStream, read_debezium
 from spark_changelog.plan.fingerprint import read_fingerprint, rescale_fingerprint
@@ -82,9 +83,7 @@ def test_normalize_rescaled_up_then_down_resumes_exactly(spark, base):
     assert [(r["op"], r["id"], r["name"], r["score"]) for _, r in log.iterrows()] == EXPECTED_CHANGELOG
 
 
-@pytest.mark.skipif(os.environ.get("SPARK_CHANGELOG_LONG_TESTS") != "1",
-                    reason="long variant (SPARK_CHANGELOG_LONG_TESTS=1): two join runs and a rescale "
-                           "of four operators, about a minute on a quiet machine")
+@long_only("two join runs and a rescale of four operators, about a minute on a quiet machine")
 def test_join_pipeline_rescaled_resumes_exactly(spark, tmp_path):
     """Two normalizes, the join and the upsert materializer: every keyed
     operator's state moves (kill_window's join pipeline, whole batches)."""

@@ -6,7 +6,6 @@ the Delta table, ``cat`` and the print sink keep every digit."""
 from __future__ import annotations
 
 import io
-import os
 import subprocess
 import sys
 from decimal import Decimal as D
@@ -67,7 +66,7 @@ def rows(path, cols):
 
 #: batch is the long variant (SPARK_CHANGELOG_LONG_TESTS=1): streaming covers the
 #: same operators plus their state; the cat test runs on whichever ran
-LONG = os.environ.get("SPARK_CHANGELOG_LONG_TESTS") == "1"
+from long_variants import LONG
 
 
 @pytest.fixture(scope="module", params=[False, True] if LONG else [False],
