@@ -662,13 +662,18 @@ class WindowedStream:
     allowed_lateness_ms: int = 0
 
     def aggregate(self, by: Union[str, Sequence[str], None] = None, *,
-                  key_groups: int = WINDOW_KEY_GROUPS, **aggregates) -> ChangelogStream:
+                  key_groups: int = WINDOW_KEY_GROUPS, window_time: bool = False,
+                  **aggregates) -> ChangelogStream:
         """GROUP BY ``by`` + window_start + window_end; ``aggregates``:
         ``name="count(*)"``, ``"count(col)"``, ``"count(distinct col)"``,
         ``"sum(col)"``, ``"avg(col)"``, ``"min(col)"``, ``"max(col)"``.  The
         output is insert-only (``-U``/``+U`` re-fires with allowed lateness),
         keyed by the group keys and the window bounds; late rows go to
-        ``write_upsert(late_output=...)``."""
+        ``write_upsert(late_output=...)``.  ``window_time=True`` adds the
+        ``window_time`` column (``window_end`` minus 1 ms): over the stream's
+        ``with_watermark`` it is the output's event-time attribute, so
+        ``.window(tumble("window_time", ...))`` cascades a second window
+        (docs/windows.md, "Cascading windows")."""
         if not aggregates:
             raise ValueError("aggregate: name at least one aggregate, e.g. n='count(*)'")
         by = as_key(by)
@@ -678,7 +683,7 @@ class WindowedStream:
             raise ValueError(f"aggregate: group key(s) {missing} not among {list(cols)}")
         calls = tuple(_agg_call(name, text, cols) for name, text in aggregates.items())
         return self.stream._derive(WindowAggregate(self.tvf, by, calls, self.allowed_lateness_ms,
-                                                   key_groups))
+                                                   key_groups, window_time))
 
     def select(self) -> ChangelogStream:
         """The window table function alone: every row once per window, with

@@ -70,9 +70,12 @@ def _label(node: Node) -> str:
 
 def _state_label(node: Node) -> str:
     """The label as far as state goes: a sink's table (its name or path)
-    holds no state of the query, so a moved or renamed table does not count."""
+    holds no state of the query, so a moved or renamed table does not count;
+    nor does a window aggregate's ``window_time`` column."""
     if isinstance(node, Sink):
         return _label(dataclasses.replace(node, name="*"))
+    if isinstance(node, WindowAggregate):   # window_time is computed after the operator
+        return _label(dataclasses.replace(node, window_time=False))
     return _label(node)
 
 

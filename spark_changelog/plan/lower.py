@@ -30,7 +30,7 @@ from ..operators.keys import GLOBAL_KEY
 from ..runtime.keyed_rows import operator_schema_of
 from ..runtime.spark_keyed import apply_keyed
 from . import expressions
-from .nodes import (WINDOW_END, WINDOW_START, Aggregate, ApplyAs, Deduplicate, Filter, History,
+from .nodes import (WINDOW_END, WINDOW_START, WINDOW_TIME, Aggregate, ApplyAs, Deduplicate, Filter, History,
                     Join, Materialize, Node, Normalize, Project, Sink, Source, TopN, UnionAll,
                     WatermarkAssigner,
                     WindowAggregate, WindowTableFunction, join_input_specs)
@@ -206,7 +206,18 @@ def _window_aggregate(node: WindowAggregate) -> Lowered:
              allowed_lateness_ms=node.allowed_lateness_ms, time_column=tvf.column)
     out = apply_event_time(inp.df, op, tvf.spec, assigner=tvf.window, key_groups=node.key_groups,
                            from_source=tvf.from_source)
+    if node.window_time:
+        out = _with_window_time(out, node.traits.columns)
     return _without_global_key(inp.then(out, op))
+
+
+def _with_window_time(df, columns: tuple):
+    """``window_time`` (``window_end`` minus 1 ms, null on side rows) in its
+    place among the window aggregate's ``columns``, the other columns after."""
+    from pyspark.sql import functions as F
+    df = df.withColumn(WINDOW_TIME, F.col(WINDOW_END) - F.expr("INTERVAL 1 MILLISECOND"))
+    rest = [c for c in df.columns if c not in columns]
+    return df.select(*(F.col(f"`{c}`") for c in tuple(columns) + tuple(rest)))
 
 
 def _with_watermark_rows(node: WatermarkAssigner, df):

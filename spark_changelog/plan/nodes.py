@@ -675,6 +675,9 @@ class Sink(_Unary):
 
 WINDOW_START = "window_start"
 WINDOW_END = "window_end"
+#: Flink's window_time: the window's last millisecond, the window aggregate's
+#: event-time attribute (docs/windows.md, "Cascading windows")
+WINDOW_TIME = "window_time"
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -731,13 +734,20 @@ class WindowAggregate(_Unary):
     """GROUP BY ``group_keys``, ``window_start``, ``window_end`` over a
     :class:`WindowTableFunction`; ``aggregates``: ``(name, function, column)``
     with function ``count`` (column None: ``COUNT(*)``), ``count_distinct``,
-    ``sum``, ``avg``, ``min``, ``max``.  Late rows go to the late output."""
+    ``sum``, ``avg``, ``min``, ``max``.  Late rows go to the late output.
+
+    ``window_time``: the output has a ``window_time`` column (``window_end``
+    minus 1 ms) after the bounds.  Over the sources' watermarks it is the
+    output's event-time attribute, so a window over this aggregate's result
+    (a cascading window aggregation, docs/windows.md) waits for the same
+    watermarks, which pass through the operator."""
 
     input: WindowTableFunction
     group_keys: Key
     aggregates: tuple
     allowed_lateness_ms: int = 0
     key_groups: Optional[int] = None
+    window_time: bool = False
 
     @property
     def key(self) -> Key:
@@ -752,13 +762,20 @@ class WindowAggregate(_Unary):
         w = self.input
         return (f"WindowAggregate(groupBy=[{', '.join(self.group_keys)}], "
                 f"window=[{w.window.describe()}], select=[{aggs}], "
-                f"allowedLateness=[{self.allowed_lateness_ms} ms], lateRows=[late output])")
+                f"allowedLateness=[{self.allowed_lateness_ms} ms], lateRows=[late output]"
+                f"{', rowtime=[' + WINDOW_TIME + ']' if self.window_time else ''})")
 
     def derive_traits(self) -> Traits:
         key = self.key
         mode = ChangelogMode.RETRACT if self.allowed_lateness_ms else ChangelogMode.INSERT_ONLY
-        cols = key + tuple(a[0] for a in self.aggregates)
-        return Traits(cols, mode, (key,), key, frozenset(), False, primary_key=key)
+        time_cols = (WINDOW_TIME,) if self.window_time else ()
+        cols = key + time_cols + tuple(a[0] for a in self.aggregates)
+        watermark = self.input.traits.watermark if self.input.from_source else None
+        if not self.window_time or watermark is None:
+            return Traits(cols, mode, (key,), key, frozenset(), False, primary_key=key)
+        # the sources' watermark rows pass through the operator (runtime.spark_event_time)
+        return Traits(cols, mode, (key,), key, frozenset(), True, primary_key=key,
+                      time_attribute=WINDOW_TIME, watermark=watermark.renamed(WINDOW_TIME))
 
 
 # --------------------------------------------------------------------------- dedup, aggregate, top-n

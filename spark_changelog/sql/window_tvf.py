@@ -21,7 +21,7 @@ from typing import Callable, Optional
 from sqlglot import exp
 
 from ..model.windows import cumulate, hop, session, tumble
-from ..plan.nodes import WINDOW_END, WINDOW_START
+from ..plan.nodes import WINDOW_END, WINDOW_START, WINDOW_TIME
 from ..plan.rules import PlanError
 from .context import Context
 from .dialect import Descriptor, TableArgument
@@ -30,14 +30,13 @@ from .group_by import grouped_relation, grouped_select_items
 from .relation import Field, Relation
 from .script import Position, interval_ms, node_position
 
-WINDOW_TIME = "window_time"
 WINDOW_COLUMNS = (WINDOW_START, WINDOW_END, WINDOW_TIME)
 #: Flink 2.3's parameters per function (``OFFSET`` optional), positional order
 PARAMETERS = {"TUMBLE": ("DATA", "TIMECOL", "SIZE", "OFFSET"),
               "HOP": ("DATA", "TIMECOL", "SLIDE", "SIZE", "OFFSET"),
               "CUMULATE": ("DATA", "TIMECOL", "STEP", "SIZE", "OFFSET"),
               "SESSION": ("DATA", "TIMECOL", "GAP")}
-#: Flink's window_time: the window's last millisecond (a time attribute there)
+#: Flink's window_time of the window table function alone: the window's last millisecond
 WINDOW_TIME_SQL = f"`{WINDOW_END}` - INTERVAL 1 MILLISECOND"
 AGGREGATES = {exp.Count: "count", exp.Sum: "sum", exp.Min: "min", exp.Max: "max",
               exp.Avg: "avg"}
@@ -166,9 +165,12 @@ def table_function(ctx: Context, rel: Relation, q: exp.Select, pos: Position) ->
 
 
 def aggregate(ctx: Context, rel: Relation, q: exp.Select, pos: Position) -> Relation:
-    """``GROUP BY window_start, window_end[, keys]`` with COUNT, COUNT(DISTINCT),
-    SUM, MIN, MAX, AVG of a column: the window aggregate, then the select
-    list's order and names."""
+    """``GROUP BY window_start, window_end[, window_time][, keys]`` with COUNT,
+    COUNT(DISTINCT), SUM, MIN, MAX, AVG of a column: the window aggregate,
+    then the select list's order and names.  ``window_time`` (grouped or
+    selected) is the aggregate's event-time attribute column, so a window
+    over this query's result cascades (docs/windows.md, "Cascading
+    windows")."""
     call: WindowCall = rel.pending
     group = q.args["group"]
     keys, bounds = [], set()
@@ -177,15 +179,12 @@ def aggregate(ctx: Context, rel: Relation, q: exp.Select, pos: Position) -> Rela
             raise ctx.unsupported("GROUP BY takes columns (compute an expression in a view "
                                   "first)", g, pos)
         f = ctx.resolve(g, rel, pos)
-        if f.column == WINDOW_TIME:
-            raise ctx.unsupported("GROUP BY window_time is not supported yet (group by "
-                                  "window_start, window_end; window_time may be selected)", g, pos)
-        if f.column in (WINDOW_START, WINDOW_END):
+        if f.column in WINDOW_COLUMNS:
             bounds.add(f.column)
         else:
             keys.append(f.column)
     gpos = ctx.keyword_position(group, "GROUP", pos)
-    if bounds != {WINDOW_START, WINDOW_END}:
+    if bounds - {WINDOW_TIME} != {WINDOW_START, WINDOW_END}:
         raise ctx.error("a window aggregation groups by window_start and window_end (and "
                               "optionally more columns)", gpos, UnsupportedFeature)
     if call.window[1].merging:
@@ -196,9 +195,7 @@ def aggregate(ctx: Context, rel: Relation, q: exp.Select, pos: Position) -> Rela
                                   "besides window_start and window_end must be the PARTITION BY "
                                   "columns", gpos, UnsupportedFeature)
     def column_of(f):
-        if f.column == WINDOW_TIME:
-            return WINDOW_TIME_SQL
-        return f.column if f.column in keys or f.column in (WINDOW_START, WINDOW_END) else None
+        return f.column if f.column in keys or f.column in WINDOW_COLUMNS else None
 
     calls, named = grouped_select_items(
         ctx, q, rel, pos, column_of, lambda call: _call_text(ctx, call, rel, pos),
@@ -208,8 +205,10 @@ def aggregate(ctx: Context, rel: Relation, q: exp.Select, pos: Position) -> Rela
     if not calls:
         raise ctx.error("a window aggregation needs at least one aggregate (e.g. "
                               "COUNT(*))", gpos, UnsupportedFeature)
+    window_time = WINDOW_TIME in bounds or WINDOW_TIME in named.values()
     try:
-        stream = _windowed(ctx, rel).aggregate(by=keys, **ctx.keyed(), **calls)
+        stream = _windowed(ctx, rel).aggregate(by=keys, window_time=window_time, **ctx.keyed(),
+                                               **calls)
     except (PlanError, ValueError) as e:
         if isinstance(e, SqlError):
             raise

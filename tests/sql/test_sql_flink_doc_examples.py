@@ -7,8 +7,8 @@ HOP and CUMULATE results, the recording agrees).  Inputs are plain JSON files
 (insert-only rows, as Flink reads them); each query runs in batch, and the
 emitted changelog folded to its final rows is compared with Flink's final
 rows.  Examples of those pages left out: GROUPING SETS/ROLLUP/CUBE over
-windows and cascading window aggregation (GROUP BY window_time), which raise
-a clear UnsupportedFeature (checked below)."""
+windows, which raise a clear UnsupportedFeature (checked below); the
+cascading window aggregation is test_sql_cascading_windows.py's."""
 from __future__ import annotations
 
 import decimal
@@ -83,8 +83,7 @@ def test_flink_doc_example_gives_flinks_rows(spark, tmp_path, example):
 @pytest.mark.parametrize("group_by, message", [
     ("GROUP BY window_start, window_end, GROUPING SETS ((supplier_id), ())", "GROUP BY takes"),
     ("GROUP BY window_start, window_end, ROLLUP (supplier_id)", "GROUP BY takes"),
-    ("GROUP BY window_start, window_end, window_time", "window_time is not supported"),
-], ids=["grouping_sets", "rollup", "cascading_window_time"])
+], ids=["grouping_sets", "rollup"])
 def test_left_out_window_agg_examples_are_clear_errors(spark, tmp_path, group_by, message):
     example = {"name": "left_out", "tables": ["Bid"],
                "query": "SELECT window_start, window_end, SUM(price) AS total_price\n"
