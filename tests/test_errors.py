@@ -521,7 +521,59 @@ def checkpoint_moved(tmp):
             lambda: tree(f"{tmp}/b/out") == before)
 
 
+#: the stateful lines of CLICKS_DEDUP's plan fingerprint as spark-changelog
+#: wrote them before event-time deduplication folded the sources' watermark
+#: rows (commit 24ab69c; recorded from a run of the code before it)
+EARLIER_DEDUP_STATE = [
+    "Sink(table=[*], primaryKey=[u], upsertMaterialize=[false]) input columns=[['u', 'url', 't']] "
+    "key groups=32",
+    "Deduplicate(keep=[FirstRow], key=[u], order=[ROWTIME(rt)]) input columns=[['u', 'url', 't', "
+    "'rt']]",
+    "Source(name=[clicks], fields=[u, url, t], primaryKey=[]) columns=['u', 'url', 't']"]
+CLICKS_DEDUP = """CREATE TABLE clicks (u STRING, url STRING, t BIGINT, rt AS TO_TIMESTAMP_LTZ(t, 3),
+  WATERMARK FOR rt AS rt - INTERVAL '1' SECOND
+) WITH ('connector' = 'filesystem', 'path' = '{tmp}/in', 'format' = 'json');
+CREATE TABLE out (u STRING, url STRING, t BIGINT, PRIMARY KEY (u) NOT ENFORCED)
+  WITH ('connector' = 'delta', 'path' = '{tmp}/out');
+INSERT INTO out SELECT u, url, t FROM (
+  SELECT *, ROW_NUMBER() OVER (PARTITION BY u ORDER BY rt ASC) AS rn FROM clicks) WHERE rn = 1;
+"""
+
+
+def checkpoint_of_earlier_event_time_dedup(tmp):
+    """A checkpoint of the same event-time deduplication, written by the
+    version whose state lived in Spark's event-time timers: its fingerprint
+    as that version wrote it, one committed batch."""
+    import hashlib
+    os.makedirs(f"{tmp}/in")
+    with open(f"{tmp}/in/part-0.json", "w") as f:
+        f.write(json.dumps({"u": "u1", "url": "/a", "t": 10000}) + "\n")
+    p = script(tmp, CLICKS_DEDUP.format(tmp=tmp))
+    ck = f"{tmp}/ck/query"
+    os.makedirs(f"{ck}/main/commits")
+    with open(f"{ck}/main/commits/0", "w") as f:
+        f.write("v1\n{}\n")
+    with open(f"{ck}/plan-fingerprint.json", "w") as f:
+        state = hashlib.sha256("\n".join(EARLIER_DEDUP_STATE).encode()).hexdigest()
+        json.dump({"version": 1, "state": state, "full": state, "stateful": EARLIER_DEDUP_STATE,
+                   "plan": [], "key_groups": 32}, f)
+    return (["run", p, "--checkpoint", f"{tmp}/ck", "--no-progress"], {},
+            lambda: not os.path.exists(f"{tmp}/out"))
+
+
 WITH_CHECKPOINT = [
+    Mistake("checkpoint of an earlier event-time deduplication",
+            checkpoint_of_earlier_event_time_dedup,
+            "error: checkpoint {tmp}/ck/query: it was written by an earlier spark-changelog whose "
+            "event-time deduplication and ON CONFLICT DO ERROR/NOTHING kept their state in "
+            "Spark's event-time timers; this version folds the sources' watermarks itself "
+            "(docs/runtime.md, \"Event time: the sources' watermarks\") and cannot resume that "
+            "state", 4, spark=True,
+            also=("  in the checkpoint: Deduplicate(keep=[FirstRow], key=[u], order=[ROWTIME(rt)])"
+                  " input columns=[['u', 'url', 't', 'rt']]",
+                  "  what to do: start a new --checkpoint DIR, which reads all input again (write "
+                  "to a new table, or empty this one first: its rows stay); or finish this "
+                  "checkpoint's input with the version that wrote it")),
     Mistake("checkpoint of another query (state changed)", checkpoint_state_changed,
             "error: checkpoint {tmp}/ck/query: the query changed in a way its state cannot "
             "follow (a stateful operator, its key or its input columns changed)", 4, spark=True,

@@ -31,7 +31,9 @@ the same ``state`` and ``full``: go on; the same ``state`` but another
 ``full`` (a filter, a projection, a watermark changed): go on with a warning
 saying what is not redone, and the file is rewritten; another ``state``:
 refused (:class:`~spark_changelog.model.errors.CheckpointMismatch`), with the
-choices spelled out.  A checkpoint without the file (written before it
+choices spelled out (or, for event-time deduplication and ``ON CONFLICT DO
+ERROR/NOTHING`` written when their state was Spark's event-time timers, why
+that checkpoint cannot resume).  A checkpoint without the file (written before it
 existed) is taken as is and gets one.
 """
 from __future__ import annotations
@@ -119,6 +121,24 @@ def _state_lines(stateful: list, key_groups: int) -> list:
     is the same state."""
     suffix = f" key groups={key_groups}"
     return [s[:-len(suffix)] if s.endswith(suffix) and not _own_count(s) else s for s in stateful]
+
+
+#: what an event-time operator's label says it waits for (its sources' watermarks)
+_WAITS_FOR = re.compile(r", watermark=\[[^\]]*\]")
+#: the operators whose state moved from Spark's event-time timers to the
+#: sources' watermark rows (event-time keep-first, ON CONFLICT DO ERROR/NOTHING)
+_TIMER_OPERATORS = ("Deduplicate(", "SinkUpsertMaterializer(")
+
+
+def _earlier_event_time_layout(old: list, new: list) -> list:
+    """The checkpoint's stateful lines of event-time deduplication or
+    ``ON CONFLICT DO ERROR/NOTHING`` written before these operators waited
+    for the sources' watermark rows: the script's line without its
+    ``watermark=[...]``, with Spark's timers as state (see
+    :func:`check_checkpoint`).  Empty when the checkpoint has none."""
+    before = {_WAITS_FOR.sub("", line) for line in new
+              if line.startswith(_TIMER_OPERATORS) and _WAITS_FOR.search(line)}
+    return [line for line in old if line in before]
 
 
 def checkpoint_key_groups(checkpoint: str, fresh: int) -> int:
@@ -227,8 +247,22 @@ def check_checkpoint(checkpoint: str, node: Node, fresh_key_groups: int) -> Opti
     same_state = (_state_lines(old.get("stateful", []), groups)
                   == _state_lines(new["stateful"], groups))
     if old.get("state") != new["state"] and not same_state:
-        gone = [s for s in old.get("stateful", []) if s not in new["stateful"]]
-        added = [s for s in new["stateful"] if s not in old.get("stateful", [])]
+        old_lines = _state_lines(old.get("stateful", []), groups)
+        new_lines = _state_lines(new["stateful"], groups)
+        earlier = _earlier_event_time_layout(old_lines, new_lines)
+        if earlier:
+            raise CheckpointMismatch(
+                "it was written by an earlier spark-changelog whose event-time "
+                "deduplication and ON CONFLICT DO ERROR/NOTHING kept their state in Spark's "
+                "event-time timers; this version folds the sources' watermarks itself "
+                "(docs/runtime.md, \"Event time: the sources' watermarks\") and cannot resume "
+                "that state", where=f"checkpoint {checkpoint}",
+                detail="\n".join(f"in the checkpoint: {s}" for s in earlier),
+                todo=("start a new --checkpoint DIR, which reads all input again (write to a "
+                      "new table, or empty this one first: its rows stay); or finish this "
+                      "checkpoint's input with the version that wrote it"))
+        gone = [s for s in old_lines if s not in new_lines]
+        added = [s for s in new_lines if s not in old_lines]
         detail = "\n".join([f"in the checkpoint, not in the script: {s}" for s in gone]
                            + [f"in the script, not in the checkpoint: {s}" for s in added])
         raise CheckpointMismatch(
