@@ -50,3 +50,23 @@ def test_window_without_watermark_is_refused():
     src = Source("s", ("u", "rt"), (), ChangelogMode.INSERT_ONLY)
     with pytest.raises(ValueError, match="no watermark"):
         WindowTableFunction(src, "rt", Tumble(60_000)).label()
+
+
+def test_window_time_is_the_aggregates_event_time_attribute_over_source_watermarks():
+    """Cascading windows (docs/windows.md): ``window_time`` after the bounds,
+    the output's time attribute when the window waits for the sources'
+    watermarks; a second window over it waits for the same source."""
+    first = WindowAggregate(WindowTableFunction(CLICKS, "rt", Tumble(60_000)), ("u",),
+                            (("n", "count", None),), window_time=True)
+    t = first.traits
+    assert t.columns == ("u", "window_start", "window_end", "window_time", "n")
+    assert (t.time_attribute, t.has_watermark, t.watermark.column) == \
+        ("window_time", True, "window_time")
+    second = WindowTableFunction(first, "window_time", Tumble(600_000))
+    assert second.from_source
+    assert ("rowtime=[window_time], watermark=[generated at the source: clicks: rt - 60000 ms"
+            in second.label()), second.label()
+    # a window with a generator of its own passes no watermark rows on
+    own = WindowAggregate(WindowTableFunction(CLICKS, "rt", Tumble(60_000), partition="u"), ("u",),
+                          (("n", "count", None),), window_time=True)
+    assert own.traits.time_attribute is None and not own.traits.has_watermark
