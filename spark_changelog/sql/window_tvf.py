@@ -23,7 +23,7 @@ from sqlglot import exp
 from ..model.windows import cumulate, hop, session, tumble
 from ..plan.nodes import WINDOW_END, WINDOW_START, WINDOW_TIME
 from ..plan.rules import PlanError
-from .context import Context
+from .context import Context, column_types
 from .dialect import Descriptor, TableArgument
 from .errors import SqlError, UnsupportedFeature
 from .group_by import grouped_relation, grouped_select_items
@@ -165,7 +165,8 @@ def table_function(ctx: Context, rel: Relation, q: exp.Select, pos: Position) ->
 
 
 def aggregate(ctx: Context, rel: Relation, q: exp.Select, pos: Position) -> Relation:
-    """``GROUP BY window_start, window_end[, window_time][, keys]`` with COUNT,
+    """``GROUP BY window_start, window_end[, window_time][, keys][, GROUPING
+    SETS/ROLLUP/CUBE (...)]`` with COUNT,
     COUNT(DISTINCT), SUM, MIN, MAX, AVG of a column: the window aggregate,
     then the select list's order and names.  ``window_time`` (grouped or
     selected) is the aggregate's event-time attribute column, so a window
@@ -173,8 +174,14 @@ def aggregate(ctx: Context, rel: Relation, q: exp.Select, pos: Position) -> Rela
     windows")."""
     call: WindowCall = rel.pending
     group = q.args["group"]
-    keys, bounds = [], set()
+    keys, bounds, sets = [], set(), None
     for g in group.expressions:
+        if isinstance(g, (exp.GroupingSets, exp.Rollup, exp.Cube)):
+            if sets is not None:
+                raise ctx.unsupported("one GROUPING SETS, ROLLUP or CUBE per window aggregation",
+                                      g, pos)
+            sets = _grouping_sets(ctx, rel, g, pos)
+            continue
         if not isinstance(g, exp.Column):
             raise ctx.unsupported("GROUP BY takes columns (compute an expression in a view "
                                   "first)", g, pos)
@@ -187,6 +194,11 @@ def aggregate(ctx: Context, rel: Relation, q: exp.Select, pos: Position) -> Rela
     if bounds - {WINDOW_TIME} != {WINDOW_START, WINDOW_END}:
         raise ctx.error("a window aggregation groups by window_start and window_end (and "
                               "optionally more columns)", gpos, UnsupportedFeature)
+    if sets is not None and call.window[1].merging:
+        raise ctx.error("GROUPING SETS, ROLLUP and CUBE are not supported over SESSION windows",
+                        gpos, UnsupportedFeature)
+    grouped = list(keys) + [c for c in dict.fromkeys(c for st in sets or () for c in st)
+                            if c not in keys]
     if call.window[1].merging:
         # without PARTITION BY (and without group keys) one session sequence
         # over the whole stream
@@ -195,7 +207,7 @@ def aggregate(ctx: Context, rel: Relation, q: exp.Select, pos: Position) -> Rela
                                   "besides window_start and window_end must be the PARTITION BY "
                                   "columns", gpos, UnsupportedFeature)
     def column_of(f):
-        return f.column if f.column in keys or f.column in WINDOW_COLUMNS else None
+        return f.column if f.column in grouped or f.column in WINDOW_COLUMNS else None
 
     calls, named = grouped_select_items(
         ctx, q, rel, pos, column_of, lambda call: _call_text(ctx, call, rel, pos),
@@ -206,14 +218,58 @@ def aggregate(ctx: Context, rel: Relation, q: exp.Select, pos: Position) -> Rela
         raise ctx.error("a window aggregation needs at least one aggregate (e.g. "
                               "COUNT(*))", gpos, UnsupportedFeature)
     window_time = WINDOW_TIME in bounds or WINDOW_TIME in named.values()
-    try:
-        stream = _windowed(ctx, rel).aggregate(by=keys, window_time=window_time, **ctx.keyed(),
-                                               **calls)
-    except (PlanError, ValueError) as e:
-        if isinstance(e, SqlError):
-            raise
-        raise ctx.error(f"window aggregation: {e}", gpos) from None
-    return grouped_relation(ctx, stream, named, pos, q.expressions)
+
+    def window_aggregate(by: list):
+        try:
+            return _windowed(ctx, rel).aggregate(by=by, window_time=window_time, **ctx.keyed(),
+                                                 **calls)
+        except (PlanError, ValueError) as e:
+            if isinstance(e, SqlError):
+                raise
+            raise ctx.error(f"window aggregation: {e}", gpos) from None
+    if sets is None:
+        return grouped_relation(ctx, window_aggregate(keys), named, pos, q.expressions)
+    # one window aggregate per grouping set, the columns outside it NULL, then
+    # UNION ALL (as Flink expands them: an Expand before one aggregate)
+    types = column_types(rel.stream)
+    branches = []
+    for grouping in sets:
+        by = list(keys) + [c for c in grouping if c not in keys]
+        out = {name: c if c not in grouped or c in by else f"CAST(NULL AS {types[c]})"
+               for name, c in named.items()}
+        branches.append(ctx.select(window_aggregate(by), out, pos, q.expressions))
+    stream = branches[0].union_all(*branches[1:]) if len(branches) > 1 else branches[0]
+    return Relation(stream, tuple(Field(None, n, n) for n in named))
+
+
+def _grouping_sets(ctx: Context, rel: Relation, node: exp.Expr, pos: Position) -> list:
+    """The grouping sets (tuples of columns) of ``GROUPING SETS (...)``,
+    ``ROLLUP (a, b)`` (``(a, b), (a), ()``) or ``CUBE (a, b)`` (every
+    subset), as Flink reads them."""
+    def columns(items) -> tuple:
+        out = []
+        for c in items:
+            if not isinstance(c, exp.Column):
+                raise ctx.unsupported("a grouping set lists columns", c, pos)
+            f = ctx.resolve(c, rel, pos)
+            if f.column in WINDOW_COLUMNS:
+                raise ctx.unsupported(f"{f.name} in a grouping set is not supported (group "
+                                      "by it beside the set)", c, pos)
+            out.append(f.column)
+        return tuple(out)
+    if isinstance(node, exp.Rollup):
+        cols = columns(node.expressions)
+        return [cols[:i] for i in range(len(cols), -1, -1)]
+    if isinstance(node, exp.Cube):
+        cols = columns(node.expressions)
+        return [tuple(c for i, c in enumerate(cols) if mask >> i & 1)
+                for mask in range(2 ** len(cols) - 1, -1, -1)]
+    sets = []
+    for item in node.expressions:
+        if isinstance(item, exp.Paren):
+            item = item.this
+        sets.append(columns(item.expressions if isinstance(item, exp.Tuple) else [item]))
+    return sets
 
 
 def _call_text(ctx: Context, node: exp.AggFunc, rel: Relation, pos: Position) -> str:
