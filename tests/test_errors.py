@@ -530,50 +530,77 @@ EARLIER_DEDUP_STATE = [
     "Deduplicate(keep=[FirstRow], key=[u], order=[ROWTIME(rt)]) input columns=[['u', 'url', 't', "
     "'rt']]",
     "Source(name=[clicks], fields=[u, url, t], primaryKey=[]) columns=['u', 'url', 't']"]
-CLICKS_DEDUP = """CREATE TABLE clicks (u STRING, url STRING, t BIGINT, rt AS TO_TIMESTAMP_LTZ(t, 3),
+#: the same for CLICKS_CONFLICT (planned by the code before 24ab69c)
+EARLIER_CONFLICT_STATE = [
+    "Sink(table=[*], primaryKey=[u], upsertMaterialize=[true], conflictStrategy=[NOTHING]) input "
+    "columns=[['u', 'url', 't']]",
+    "SinkUpsertMaterializer(key=[u], upsertKey=[u, url], conflictStrategy=[NOTHING]) input "
+    "columns=[['u', 'url', 't']]",
+    "GroupAggregate(groupBy=[u, url], select=[u, url, MAX(t) AS t]) input columns=[['u', 'url', "
+    "'t', 'rt']]",
+    "Source(name=[clicks], fields=[u, url, t], primaryKey=[]) columns=['u', 'url', 't']"]
+CLICKS = """CREATE TABLE clicks (u STRING, url STRING, t BIGINT, rt AS TO_TIMESTAMP_LTZ(t, 3),
   WATERMARK FOR rt AS rt - INTERVAL '1' SECOND
 ) WITH ('connector' = 'filesystem', 'path' = '{tmp}/in', 'format' = 'json');
 CREATE TABLE out (u STRING, url STRING, t BIGINT, PRIMARY KEY (u) NOT ENFORCED)
   WITH ('connector' = 'delta', 'path' = '{tmp}/out');
-INSERT INTO out SELECT u, url, t FROM (
+"""
+CLICKS_DEDUP = CLICKS + """INSERT INTO out SELECT u, url, t FROM (
   SELECT *, ROW_NUMBER() OVER (PARTITION BY u ORDER BY rt ASC) AS rn FROM clicks) WHERE rn = 1;
+"""
+CLICKS_CONFLICT = CLICKS + """INSERT INTO out SELECT u, url, MAX(t) AS t FROM clicks
+  GROUP BY u, url ON CONFLICT DO NOTHING;
 """
 
 
-def checkpoint_of_earlier_event_time_dedup(tmp):
-    """A checkpoint of the same event-time deduplication, written by the
-    version whose state lived in Spark's event-time timers: its fingerprint
-    as that version wrote it, one committed batch."""
+def _earlier_event_time_checkpoint(tmp, text: str, stateful: list):
+    """A checkpoint of the same script, written by the version whose
+    event-time operators kept their state in Spark's event-time timers: its
+    fingerprint as that version wrote it, one committed batch."""
     import hashlib
     os.makedirs(f"{tmp}/in")
     with open(f"{tmp}/in/part-0.json", "w") as f:
         f.write(json.dumps({"u": "u1", "url": "/a", "t": 10000}) + "\n")
-    p = script(tmp, CLICKS_DEDUP.format(tmp=tmp))
+    p = script(tmp, text.format(tmp=tmp))
     ck = f"{tmp}/ck/query"
     os.makedirs(f"{ck}/main/commits")
     with open(f"{ck}/main/commits/0", "w") as f:
         f.write("v1\n{}\n")
     with open(f"{ck}/plan-fingerprint.json", "w") as f:
-        state = hashlib.sha256("\n".join(EARLIER_DEDUP_STATE).encode()).hexdigest()
-        json.dump({"version": 1, "state": state, "full": state, "stateful": EARLIER_DEDUP_STATE,
-                   "plan": [], "key_groups": 32}, f)
+        state = hashlib.sha256("\n".join(stateful).encode()).hexdigest()
+        json.dump({"version": 1, "state": state, "full": state, "stateful": stateful,
+                   "plan": []}, f)
     return (["run", p, "--checkpoint", f"{tmp}/ck", "--no-progress"], {},
             lambda: not os.path.exists(f"{tmp}/out"))
 
 
+def checkpoint_of_earlier_event_time_dedup(tmp):
+    return _earlier_event_time_checkpoint(tmp, CLICKS_DEDUP, EARLIER_DEDUP_STATE)
+
+
+def checkpoint_of_earlier_on_conflict(tmp):
+    return _earlier_event_time_checkpoint(tmp, CLICKS_CONFLICT, EARLIER_CONFLICT_STATE)
+
+
+EARLIER_EVENT_TIME = (
+    "error: checkpoint {tmp}/ck/query: it was written by an earlier spark-changelog whose "
+    "event-time deduplication and ON CONFLICT DO ERROR/NOTHING kept their state in "
+    "Spark's event-time timers; this version folds the sources' watermarks itself "
+    "(docs/runtime.md, \"Event time: the sources' watermarks\") and cannot resume that state")
+EARLIER_TODO = ("  what to do: start a new --checkpoint DIR, which reads all input again (write "
+                "to a new table, or empty this one first: its rows stay); or finish this "
+                "checkpoint's input with the version that wrote it")
+
+
 WITH_CHECKPOINT = [
     Mistake("checkpoint of an earlier event-time deduplication",
-            checkpoint_of_earlier_event_time_dedup,
-            "error: checkpoint {tmp}/ck/query: it was written by an earlier spark-changelog whose "
-            "event-time deduplication and ON CONFLICT DO ERROR/NOTHING kept their state in "
-            "Spark's event-time timers; this version folds the sources' watermarks itself "
-            "(docs/runtime.md, \"Event time: the sources' watermarks\") and cannot resume that "
-            "state", 4, spark=True,
+            checkpoint_of_earlier_event_time_dedup, EARLIER_EVENT_TIME, 4, spark=True,
             also=("  in the checkpoint: Deduplicate(keep=[FirstRow], key=[u], order=[ROWTIME(rt)])"
-                  " input columns=[['u', 'url', 't', 'rt']]",
-                  "  what to do: start a new --checkpoint DIR, which reads all input again (write "
-                  "to a new table, or empty this one first: its rows stay); or finish this "
-                  "checkpoint's input with the version that wrote it")),
+                  " input columns=[['u', 'url', 't', 'rt']]", EARLIER_TODO)),
+    Mistake("checkpoint of an earlier ON CONFLICT DO NOTHING", checkpoint_of_earlier_on_conflict,
+            EARLIER_EVENT_TIME, 4, spark=True,
+            also=("  in the checkpoint: SinkUpsertMaterializer(key=[u], upsertKey=[u, url], "
+                  "conflictStrategy=[NOTHING]) input columns=[['u', 'url', 't']]", EARLIER_TODO)),
     Mistake("checkpoint of another query (state changed)", checkpoint_state_changed,
             "error: checkpoint {tmp}/ck/query: the query changed in a way its state cannot "
             "follow (a stateful operator, its key or its input columns changed)", 4, spark=True,
