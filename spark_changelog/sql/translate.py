@@ -177,6 +177,7 @@ class Translator:
         if q.args.get("with_"):
             return self.with_query(q, pos)
         self._check_select(q, pos)
+        q = window_tvf.from_group_window(ctx, q, pos)
         from_ = q.args.get("from_")
         if from_ is None:
             raise ctx.error("a SELECT needs FROM (constant queries have no changelog)",

@@ -24,7 +24,7 @@ from ..model.windows import cumulate, hop, session, tumble
 from ..plan.nodes import WINDOW_END, WINDOW_START, WINDOW_TIME
 from ..plan.rules import PlanError
 from .context import Context, column_types
-from .dialect import Descriptor, TableArgument
+from .dialect import Descriptor, Flink, TableArgument
 from .errors import SqlError, UnsupportedFeature
 from .group_by import grouped_relation, grouped_select_items
 from .relation import Field, Relation
@@ -122,6 +122,64 @@ def relation(ctx: Context, fn: exp.Anonymous, alias: str, pos: Position,
     fields = rel.fields + tuple(Field(None, c, c) for c in WINDOW_COLUMNS)
     out = Relation(rel.stream, fields, pending=call)
     return out.requalified(alias) if alias else out
+
+
+#: the deprecated group window functions (``GROUP BY TUMBLE(ts, size)``) and
+#: their auxiliary functions: the window table function's columns
+GROUP_WINDOWS = ("TUMBLE", "HOP", "SESSION")
+AUXILIARY = {"START": WINDOW_START, "END": WINDOW_END, "ROWTIME": WINDOW_TIME}
+
+
+def _group_window(node) -> bool:
+    return (isinstance(node, exp.Anonymous) and node.name.upper() in GROUP_WINDOWS
+            and bool(node.expressions) and isinstance(node.expressions[0], exp.Column))
+
+
+def from_group_window(ctx: Context, q: exp.Select, pos: Position) -> exp.Select:
+    """A group window aggregation (Flink's deprecated ``GROUP BY TUMBLE(ts,
+    size), k`` with ``TUMBLE_START(ts, size)``, ``_END``, ``_ROWTIME``; HOP
+    and SESSION alike) as the window table function aggregation it means
+    (docs/sql.md, "Windows"): ``FROM TABLE(TUMBLE(TABLE t, DESCRIPTOR(ts),
+    size)) GROUP BY window_start, window_end, k``; a SESSION's other group
+    keys are its PARTITION BY.  ``q`` itself when it has no group window."""
+    group = q.args.get("group")
+    calls = [g for g in (group.expressions if group is not None else ()) if _group_window(g)]
+    if not calls:
+        return q
+    if len(calls) > 1:
+        raise ctx.unsupported("one group window per GROUP BY", calls[1], pos)
+    call = calls[0]
+    name = call.name.upper()
+    source = q.args["from_"].this
+    if not isinstance(source, exp.Table) or not isinstance(source.this, exp.Identifier) \
+            or q.args.get("joins"):
+        raise ctx.unsupported(f"GROUP BY {name}(...) over one table or view (write a window "
+                              "table function over a view of the join or subquery)", call, pos)
+    keys = [g for g in group.expressions if g is not call]
+    args = [a.sql(dialect=Flink) for a in call.expressions[1:]]
+    partition = (" PARTITION BY " + ", ".join(k.sql(dialect=Flink) for k in keys)
+                 if name == "SESSION" and keys else "")
+    table = exp.table_(source.this.copy()).sql(dialect=Flink)
+    alias = f" AS {source.alias}" if source.alias else ""
+    tvf = exp.maybe_parse(
+        f"SELECT * FROM TABLE({name}(TABLE {table}{partition}, DESCRIPTOR("
+        f"{call.expressions[0].sql(dialect=Flink)}), {', '.join(args)})){alias}",
+        dialect=Flink).args["from_"].this
+    out = q.copy()
+    out.set("from_", exp.From(this=tvf))
+    out.set("group", exp.Group(expressions=[exp.column(WINDOW_START), exp.column(WINDOW_END)]
+                               + [k.copy() for k in keys]))
+
+    def auxiliary(node):
+        if isinstance(node, exp.Anonymous):
+            fn, _, part = node.name.upper().rpartition("_")
+            if fn == name and part in AUXILIARY:
+                return exp.column(AUXILIARY[part])
+        return node
+    out.set("expressions", [e.transform(auxiliary) for e in out.expressions])
+    if out.args.get("having"):
+        out.set("having", out.args["having"].transform(auxiliary))
+    return out
 
 
 def check_where(ctx: Context, rel: Relation, where: Optional[exp.Expr],
@@ -293,5 +351,5 @@ def _call_text(ctx: Context, node: exp.AggFunc, rel: Relation, pos: Position) ->
     return f"{func}({'distinct ' if distinct else ''}{f.column})"
 
 
-__all__ = ["WindowCall", "relation", "check_where", "table_function", "aggregate",
+__all__ = ["WindowCall", "relation", "from_group_window", "check_where", "table_function", "aggregate",
            "WINDOW_COLUMNS", "WINDOW_TIME"]

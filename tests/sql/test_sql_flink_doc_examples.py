@@ -103,3 +103,18 @@ def test_window_grouping_sets_over_session_windows_are_a_clear_error(spark, tmp_
                         "  GROUP BY window_start, window_end, ROLLUP (supplier_id)"}
     with pytest.raises(UnsupportedFeature, match="not supported over SESSION"):
         stream(spark, tmp_path, example)
+
+
+def test_group_window_aggregation_gives_flinks_rows(spark, tmp_path):
+    """The page's deprecated group window example (``GROUP BY TUMBLE(ts,
+    size), user`` with ``TUMBLE_START``) plans as the window table function
+    aggregation it means; Flink 2.3's rows (sql_cases.json)."""
+    case = load_fixture("flink/sql_cases.json")["cases"]["group_window_tumble"]
+    (tmp_path / "data.json").write_text("".join(json.dumps(r) + "\n" for r in case["rows"]))
+    script = parse_script(case["ddl"].format(path=tmp_path) + f";\nEXPLAIN {case['query']};",
+                          "group_window.sql")
+    (_, s), = [x for x in Translator(spark, script, key_groups=2).statements() if x[1] is not None]
+    assert "WindowAggregate(groupBy=[user], window=[TUMBLE(size=24 h)]" in s.explain(), s.explain()
+    expected = [[v[:-len(".000")] if isinstance(v, str) and v.endswith(".000") else v
+                 for v in row] for row in case["expected"]]
+    assert final_rows(s.collect()) == sorted(expected, key=repr)
