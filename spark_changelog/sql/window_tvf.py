@@ -19,6 +19,7 @@ import dataclasses
 from typing import Callable, Optional
 
 from sqlglot import exp
+from sqlglot.errors import ParseError
 
 from ..model.windows import cumulate, hop, session, tumble
 from ..plan.nodes import WINDOW_END, WINDOW_START, WINDOW_TIME
@@ -161,10 +162,15 @@ def from_group_window(ctx: Context, q: exp.Select, pos: Position) -> exp.Select:
                  if name == "SESSION" and keys else "")
     table = exp.table_(source.this.copy()).sql(dialect=Flink)
     alias = f" AS {source.alias}" if source.alias else ""
-    tvf = exp.maybe_parse(
+    text = (
         f"SELECT * FROM TABLE({name}(TABLE {table}{partition}, DESCRIPTOR("
-        f"{call.expressions[0].sql(dialect=Flink)}), {', '.join(args)})){alias}",
-        dialect=Flink).args["from_"].this
+        f"{exp.to_identifier(call.expressions[0].name).sql(dialect=Flink)}), "
+        f"{', '.join(args)})){alias}")
+    try:
+        tvf = exp.maybe_parse(text, dialect=Flink).args["from_"].this
+    except ParseError:
+        raise ctx.unsupported(f"this GROUP BY {name}(...) has no window table function form "
+                              f"(write it as {text[len('SELECT * FROM '):]})", call, pos) from None
     out = q.copy()
     out.set("from_", exp.From(this=tvf))
     out.set("group", exp.Group(expressions=[exp.column(WINDOW_START), exp.column(WINDOW_END)]

@@ -118,3 +118,22 @@ def test_group_window_aggregation_gives_flinks_rows(spark, tmp_path):
     expected = [[v[:-len(".000")] if isinstance(v, str) and v.endswith(".000") else v
                  for v in row] for row in case["expected"]]
     assert final_rows(s.collect()) == sorted(expected, key=repr)
+
+
+@pytest.mark.parametrize("query, plan", [
+    ("SELECT user, HOP_START(order_time, INTERVAL '1' HOUR, INTERVAL '1' DAY) AS s, SUM(amount) "
+     "FROM Orders GROUP BY HOP(order_time, INTERVAL '1' HOUR, INTERVAL '1' DAY), user",
+     "WindowAggregate(groupBy=[user], window=[HOP(slide=1 h, size=24 h)]"),
+    ("SELECT user, SESSION_ROWTIME(order_time, INTERVAL '1' HOUR) AS r, COUNT(*) AS n FROM Orders "
+     "GROUP BY SESSION(order_time, INTERVAL '1' HOUR), user",
+     "WindowAggregate(groupBy=[user], window=[SESSION(gap=1 h)], select=[COUNT(*) AS n], "
+     "allowedLateness=[0 ms], lateRows=[late output], rowtime=[window_time])"),
+    ("SELECT o.user, TUMBLE_END(o.order_time, INTERVAL '1' DAY) AS e, COUNT(*) AS n FROM Orders o "
+     "GROUP BY TUMBLE(o.order_time, INTERVAL '1' DAY), o.user HAVING COUNT(*) > 0",
+     "Project(select=[user, window_end AS e, n])"),
+], ids=["hop", "session", "qualified_having"])
+def test_group_window_forms_plan_as_window_tvfs(spark, tmp_path, query, plan):
+    case = load_fixture("flink/sql_cases.json")["cases"]["group_window_tumble"]
+    script = parse_script(case["ddl"].format(path=tmp_path) + f";\nEXPLAIN {query};", "gw.sql")
+    (_, s), = [x for x in Translator(spark, script, key_groups=2).statements() if x[1] is not None]
+    assert plan in s.explain(), s.explain()
