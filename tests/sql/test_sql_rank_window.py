@@ -122,6 +122,10 @@ API = {
         "FIRST_VALUE(v) AS f", "LAST_VALUE(v) AS l", key_groups=2),
     "A5_seed_students_avg": lambda s: s.group_by("student_id", "student_name").agg(
         "AVG(score) AS avg_score", key_groups=2),
+    "A6_global_aggregate_last_row_retracted": lambda s: s.group_by().agg(
+        "COUNT(*) AS c", "SUM(v) AS s", "MAX(v) AS mx", key_groups=2),
+    "A7_sum_of_int_is_int": lambda s: s.group_by("k").agg("SUM(v) AS s", "AVG(v) AS a",
+                                                          key_groups=2),
     "W_seed_tumble_count_distinct": windowed(tumble("rt", "1 minute"), [],
                                              ["window_start", "window_end", "users", "clicks"],
                                              users="count(distinct u)", clicks="count(*)"),
