@@ -63,6 +63,7 @@ def executors_ran_tasks(cluster) -> list[int]:
     return [i for i, text in cluster.executor_logs().items() if "Finished task" in text]
 
 
+@long_only
 def test_streaming_normalize_on_two_workers(standalone, cdc, tmp_path):
     src, expected = cdc
     r = cl.run_cli(standalone.cli_args() + normalize_args(src, tmp_path))
