@@ -160,7 +160,6 @@ def build_session(app_name: str = "spark-changelog", master: Optional[str] = Non
         return build_connect_session(remote, app_name, configs)
     from pyspark.sql import SparkSession
 
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name)
     if master:
@@ -169,6 +168,7 @@ def build_session(app_name: str = "spark-changelog", master: Optional[str] = Non
         # not launched by spark-submit (which brings its own master): run locally
         master = "local[2]"
         builder = builder.master(master)
+    _set_worker_python(bool(master and master.startswith("local")))
     merged = dict(DEFAULT_CONFIGS)
     if master and master.startswith("local"):
         merged.update(LOCAL_CONFIGS)
@@ -197,6 +197,18 @@ def build_session(app_name: str = "spark-changelog", master: Optional[str] = Non
     spark.sparkContext.setLogLevel("ERROR")
     quiet_pyspark_loggers()
     return spark
+
+
+def _set_worker_python(local: bool) -> None:
+    """``PYSPARK_PYTHON``, the interpreter of the Python processes Spark
+    starts, unless the user set one: on a local master the launcher of
+    :mod:`.worker_launcher` (this interpreter, PySpark imported from the
+    package, not its zip), otherwise this interpreter."""
+    from .worker_launcher import launcher
+    current = os.environ.get("PYSPARK_PYTHON")
+    ours = launcher() if local else sys.executable
+    if current is None or current in (sys.executable, launcher()):
+        os.environ["PYSPARK_PYTHON"] = ours
 
 
 #: what a Connect client sets on its server session: the SQL settings of

@@ -54,3 +54,31 @@ def test_preload_leaves_failing_modules_to_the_worker(monkeypatch):
     monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
     preload(("json", "no_such_module_of_spark_changelog"))
     assert "OPENBLAS_NUM_THREADS" not in os.environ
+
+
+def test_the_launcher_runs_a_module_with_pyspark_from_the_package(tmp_path):
+    """What Spark runs without the daemon (the stateful operators' driver
+    process, ``-m pyspark.sql.streaming.transform_with_state_driver_worker``)
+    through ``PYSPARK_PYTHON``: the module runs as ``__main__`` with its
+    arguments and the working directory first on the path, PySpark imported
+    from the package even with the zip first on ``PYTHONPATH`` as Spark puts
+    it; any other command line goes to the interpreter unchanged."""
+    import subprocess
+    import sys
+
+    import pyspark
+    from spark_changelog.runtime.worker_launcher import launcher
+
+    exe = launcher(directory=str(tmp_path / "bin"))
+    assert launcher(directory=str(tmp_path / "bin")) == exe and os.access(exe, os.X_OK)
+    (tmp_path / "probe_module.py").write_text(
+        "import sys, pyspark\nprint(__name__, pyspark.__file__, sys.argv[1:], "
+        "any(p.endswith('pyspark.zip') for p in sys.path))\n")
+    zip_ = os.path.join(os.path.dirname(pyspark.__file__), "python", "lib", "pyspark.zip")
+    env = dict(os.environ, PYTHONPATH=zip_)
+    out = subprocess.run([exe, "-m", "probe_module", "a", "b"], cwd=tmp_path, env=env, text=True,
+                         capture_output=True, check=True).stdout.split()
+    assert out == ["__main__", pyspark.__file__, "['a',", "'b']", "False"]
+    out = subprocess.run([exe, "-c", "import sys; print(sys.executable)"], env=env, text=True,
+                         capture_output=True, check=True).stdout.strip()
+    assert out == sys.executable
