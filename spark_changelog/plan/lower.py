@@ -28,7 +28,7 @@ from ..model import KIND_COL, METRICS_COL, METRICS_KIND, SEQ_COL, ChangelogMode
 from ..model.rowkind import RowKind
 from ..operators.keys import GLOBAL_KEY
 from ..runtime.keyed_rows import operator_schema_of
-from ..runtime.spark_keyed import apply_keyed
+from ..runtime.spark_keyed import apply_keyed, keyed_packed_source
 from . import expressions
 from .nodes import (WINDOW_END, WINDOW_START, WINDOW_TIME, Aggregate, ApplyAs, Deduplicate, Filter, History,
                     Join, Materialize, Node, Normalize, Project, Sink, Source, TopN, UnionAll,
@@ -52,10 +52,23 @@ class Lowered:
     #: the reader whose rows ``df`` is (a source node), else None: a keyed
     #: operator reading them directly lets its line task pack them
     reader: Optional[object] = None
+    #: (the keyed operator's output DataFrame, ``spark_keyed.keyed_packed_source``):
+    #: a keyed operator reading that output directly has it packed by the
+    #: operator before (docs/runtime.md, "Packing in the operator before")
+    packs: Optional[tuple] = None
 
-    def then(self, df, op) -> "Lowered":
+    def then(self, df, op, packs: Optional[tuple] = None) -> "Lowered":
         """This input followed by the keyed operator ``op`` (output ``df``)."""
-        return Lowered(df, self.operators + (op,), self.entry if self.operators else (op,))
+        return Lowered(df, self.operators + (op,), self.entry if self.operators else (op,), packs=packs)
+
+    def packed_source(self, df):
+        """How a keyed operator reading ``df`` gets it packed by the step that
+        makes it (a reader's line task, a keyed operator), or None."""
+        if getattr(self.reader, "packed_rows", None) is not None and df is self.reader.rows:
+            return self.reader.packed_rows
+        if self.packs is not None and df is self.packs[0]:
+            return lambda pack: self.packs[1](pack, df.schema)
+        return None
 
     @property
     def data_df(self):
@@ -282,11 +295,13 @@ def _event_time(inp: Lowered, op, spec, key_groups: Optional[int]) -> Lowered:
 
 
 def _keyed(inp: Lowered, df, op, key_groups: Optional[int]) -> Lowered:
-    # an operator reading a reader's rows as they are packs them in the
-    # reader's line task (docs/runtime.md, "Packing in the line task")
-    direct = getattr(inp.reader, "packed_rows", None) is not None and df is inp.reader.rows
-    return inp.then(apply_keyed(df, op, key_groups=key_groups,
-                                packed_source=inp.reader.packed_rows if direct else None), op)
+    # an operator reading a reader's or a keyed operator's rows as they are
+    # has them packed where they are made (docs/runtime.md, "Packing in the
+    # line task", "Packing in the operator before")
+    source = inp.packed_source(df)
+    out = apply_keyed(df, op, key_groups=key_groups, packed_source=source)
+    repack = keyed_packed_source(df, op, key_groups=key_groups, packed_source=source)
+    return inp.then(out, op, packs=(out, repack) if repack is not None else None)
 
 
 def _source(node: Source) -> Lowered:
@@ -358,8 +373,28 @@ def _join(node: Join, left: Lowered, right: Lowered) -> Lowered:
     union = layout.spark_union(left.df, right.df)
     entry = tuple(dict.fromkeys((left.entry if left.operators else (op,))
                                 + (right.entry if right.operators else (op,))))
-    return Lowered(apply_keyed(union, op, key_groups=node.key_groups),
-                   left.operators + right.operators + (op,), entry)
+    source = _join_packed_source(layout, left, right, union)
+    out = apply_keyed(union, op, key_groups=node.key_groups, packed_source=source)
+    repack = keyed_packed_source(union, op, key_groups=node.key_groups, packed_source=source)
+    return Lowered(out, left.operators + right.operators + (op,), entry,
+                   packs=(out, repack) if repack is not None else None)
+
+
+def _join_packed_source(layout, left: Lowered, right: Lowered, union):
+    """When both join inputs are keyed operators' outputs, read as they are:
+    each packs its rows for the join, in the join's union layout
+    (``JoinInputLayout.arrow_side``), and the join reads the union of the
+    two packed outputs (docs/runtime.md, "Packing in the operator before")."""
+    from ..operators.join.regular_join import LEFT, RIGHT
+    if left.packs is None or right.packs is None or left.df is not left.packs[0] \
+            or right.df is not right.packs[0]:
+        return None
+
+    def source(pack):
+        sides = [inp.packs[1](lambda t, side=side: pack(layout.arrow_side(t, side)), union.schema)
+                 for side, inp in ((LEFT, left), (RIGHT, right))]
+        return sides[0].unionByName(sides[1])
+    return source
 
 
 def column_sql(df, column) -> tuple[str, str]:

@@ -50,9 +50,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.streaming import StatefulProcessor
-from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
+from pyspark.sql.types import BinaryType, ByteType, IntegerType, LongType, StringType, StructField, StructType
 
-from ..model import KIND_COL, METRICS_COL, METRICS_KIND, PACKED_GROUP_COL, PACKED_ROWS_COL, SEQ_COL, RowKind
+from ..model import (KIND_COL, METRICS_COL, METRICS_KIND, PACKED_GROUP_COL, PACKED_KIND, PACKED_ROWS_COL,
+                     SEQ_COL, RowKind)
 from ..model.partitioning import default_key_groups
 from ..operators.base import KeyedOperator, OpContext
 from .arrow_packing import PACKED_COL, conform, pack_groups, packed_batch, packed_schema, unpack
@@ -90,8 +91,12 @@ class KeyGroupProcessor(StatefulProcessor):
     watermarks, per partition, with idleness)."""
 
     def __init__(self, operator: KeyedOperator, columns, growth: float, max_runs: int,
-                 time_zone: Optional[str] = None, key_groups: Optional[int] = None):
+                 time_zone: Optional[str] = None, key_groups: Optional[int] = None,
+                 pack: Optional[Callable[[pa.Table], list]] = None):
         self.operator = operator
+        #: packs the output for the next keyed operator (:func:`keyed_packed_source`):
+        #: the output rows as an Arrow table -> (key group, packed rows) pairs
+        self.pack = pack
         #: the query's key-group count, kept in ``meta``: a key's state is found
         #: by its key group, so a checkpoint cannot be read with another count
         self.key_groups = key_groups
@@ -178,6 +183,19 @@ class KeyGroupProcessor(StatefulProcessor):
         return arrow_input(unpack(blobs), self.columns, self.time_zone)
 
     def handleInputRows(self, key, rows, timerValues) -> Iterator[pd.DataFrame]:
+        frames = self._output(key, rows, timerValues)
+        if self.pack is None:
+            yield from frames
+            return
+        schema = pa.schema([f.with_nullable(True) for f in output_schema_with_metrics(self.operator)])
+        tables = [pa.Table.from_pandas(f, schema=schema, preserve_index=False) for f in frames if len(f)]
+        pairs = self.pack(pa.concat_tables(tables)) if tables else []
+        if pairs:
+            yield pd.DataFrame({KIND_COL: np.full(len(pairs), PACKED_KIND, dtype=np.int8),
+                                PACKED_GROUP_COL: np.array([g for g, _ in pairs], dtype=np.int32),
+                                PACKED_ROWS_COL: [b for _, b in pairs]})
+
+    def _output(self, key, rows, timerValues) -> Iterator[pd.DataFrame]:
         op = self.operator
         pdf, passed = split_upstream_metrics(self._unpacked(rows), op)
         if passed is not None:
@@ -206,13 +224,14 @@ def session_key_groups(spark) -> int:
 
 def apply_keyed(df, operator: KeyedOperator, *, key_groups: Optional[int] = None,
                 growth: float = 1.0, max_runs: int = 8, processing_time_ms: Optional[int] = None,
-                packed_source: Optional[Callable] = None):
+                packed_source: Optional[Callable] = None, pack_output: Optional[tuple] = None):
     """The operator's output (plus metric rows) as a Spark DataFrame.
 
     A streaming ``df`` runs with state in the state store; a bounded one is
     processed in one go per key group, with the same operator code.
     ``packed_source``: see :func:`pack_key_groups`.  ``key_groups``: None
-    for :func:`session_key_groups`.  An operator that waits
+    for :func:`session_key_groups`.  ``pack_output``: streaming only, see
+    :func:`keyed_packed_source`.  An operator that waits
     for the watermark runs in :func:`~.spark_event_time.apply_event_time`.
     """
     if operator.uses_watermark:
@@ -226,10 +245,12 @@ def apply_keyed(df, operator: KeyedOperator, *, key_groups: Optional[int] = None
         key_groups = session_key_groups(df.sparkSession)
     if df.isStreaming:
         packed, columns = pack_key_groups(df, operator, key_groups, packed_source=packed_source)
-        processor = KeyGroupProcessor(operator, columns, growth, max_runs, time_zone, key_groups)
-        return packed.groupBy(KEY_GROUP_COL).transformWithStateInPandas(
-            statefulProcessor=processor, outputStructType=out_schema,
+        pack, columns_of = pack_output or (None, None)
+        processor = KeyGroupProcessor(operator, columns, growth, max_runs, time_zone, key_groups, pack)
+        out = packed.groupBy(KEY_GROUP_COL).transformWithStateInPandas(
+            statefulProcessor=processor, outputStructType=PACKED_OUTPUT if pack else out_schema,
             outputMode="Append", timeMode="None")
+        return out if pack is None else _with_columns_of(out, columns_of)
 
     # the same packed input as streaming: Spark shuffles and groups a few
     # blobs per key group instead of sorting every row (``keygroup.sort_rows``
@@ -247,6 +268,42 @@ def apply_keyed(df, operator: KeyedOperator, *, key_groups: Optional[int] = None
         return arrow_output(out, passed, operator, ctx, {"state_rows": 0})
 
     return packed.groupBy(KEY_GROUP_COL).applyInArrow(run_group, schema=out_schema)
+
+
+#: the output of a keyed operator that packs it for the next one: only
+#: packed rows (:func:`keyed_packed_source`)
+PACKED_OUTPUT = StructType([StructField(KIND_COL, ByteType()), StructField(PACKED_GROUP_COL, IntegerType()),
+                            StructField(PACKED_ROWS_COL, BinaryType())])
+
+
+def _with_columns_of(packed, schema):
+    """``packed`` (:data:`PACKED_OUTPUT` rows) with the columns of ``schema``
+    (a Spark ``StructType``), null, before the packed columns: the shape of a
+    reader's ``packed_rows``."""
+    from pyspark.sql import functions as F
+    cols = [F.col(KIND_COL) if f.name == KIND_COL else F.lit(None).cast(f.dataType).alias(f.name)
+            for f in schema.fields]
+    return packed.select(*cols, F.col(PACKED_GROUP_COL), F.col(PACKED_ROWS_COL))
+
+
+def keyed_packed_source(df, operator: KeyedOperator, *, key_groups: Optional[int] = None,
+                        packed_source: Optional[Callable] = None) -> Optional[Callable]:
+    """What lets the next keyed operator take this one's output packed
+    (docs/runtime.md, "Packing in the operator before"): a callable
+    ``(pack, schema) -> DataFrame`` that builds the operator's step on ``df``
+    again, as :func:`apply_keyed` does, with the processor packing its
+    output (``pack``: the output rows, an Arrow table of
+    :func:`output_schema_with_metrics`, -> (key group, packed rows) pairs)
+    and the step's output being those pairs, one row each, with the columns
+    of ``schema`` null (the shape of a reader's ``packed_rows``).  None when
+    the operator does not run as a :class:`KeyGroupProcessor` on a stream."""
+    if not df.isStreaming or operator.uses_watermark or operator.state_is_seen_keys:
+        return None
+
+    def source(pack: Callable, schema):
+        return apply_keyed(df, operator, key_groups=key_groups, packed_source=packed_source,
+                           pack_output=(pack, schema))
+    return source
 
 
 def _with_metrics_column(df):
@@ -287,11 +344,13 @@ PACK_CHUNK_ROWS = 1 << 20
 class LinePacker:
     """What a reader's line task calls on the change rows it finished
     (``ReadResult.packed_rows``, docs/runtime.md, "Packing in the line
-    task"): the rows in the packing pass's schema, each given Spark's key
-    group (:func:`spark_hash.key_groups`, the value :func:`add_key_group`
-    computes), pre-folded when the operator pre-folds (the counters' side row
-    into :data:`METRICS_GROUP`), packed per key group.  Returns (key group,
-    packed rows) pairs."""
+    task"), and a keyed operator before this one on its output
+    (:func:`keyed_packed_source`): the rows in the packing pass's schema, each
+    given Spark's key group (:func:`spark_hash.key_groups`, the value
+    :func:`add_key_group` computes; side rows :data:`METRICS_GROUP`),
+    pre-folded when the operator pre-folds (the counters' side row into
+    :data:`METRICS_GROUP`), packed per key group.  Returns (key group, packed
+    rows) pairs."""
 
     def __init__(self, operator: KeyedOperator, key_groups: int, schema: pa.Schema):
         self.operator, self.key_groups, self.schema = operator, key_groups, schema
@@ -299,6 +358,10 @@ class LinePacker:
     def __call__(self, rows: pa.Table) -> list[tuple[int, bytes]]:
         table = conform(rows, self.schema)
         groups = key_groups_of(table, self.operator.key, self.key_groups)
+        # an upstream operator's side rows (its counters) travel in METRICS_GROUP
+        is_side = pc.equal(table.column(KIND_COL), METRICS_KIND).to_numpy(zero_copy_only=False)
+        if is_side.any():
+            groups = np.where(is_side, METRICS_GROUP, groups)
         return _pack_table(table.append_column(KEY_GROUP_COL, pa.array(groups, pa.int32())), self.operator)
 
 

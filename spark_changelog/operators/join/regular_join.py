@@ -258,6 +258,27 @@ class JoinInputLayout:
 
         return project(left_df, LEFT).unionByName(project(right_df, RIGHT))
 
+    def arrow_side(self, table: pa.Table, side: int) -> pa.Table:
+        """The ``side`` input's rows (an Arrow table) as union rows, as
+        :meth:`spark_union` makes them (side rows keep their ``_metrics``):
+        what the operator before the join packs (docs/runtime.md, "Packing in
+        the operator before")."""
+        n = table.num_rows
+        cols, fields = [], []
+        for src, tgt, typ in self.side_projection(side):
+            if isinstance(src, int) and not isinstance(src, bool):
+                col = pa.array(np.full(n, src), typ)
+            elif src is None:
+                col = pa.nulls(n, typ)
+            else:
+                col = table.column(src).cast(typ)
+            cols.append(col)
+            fields.append(pa.field(tgt, typ))
+        if METRICS_COL in table.column_names:
+            cols.append(table.column(METRICS_COL).cast(pa.string()))
+            fields.append(pa.field(METRICS_COL, pa.string()))
+        return pa.Table.from_arrays(cols, schema=pa.schema(fields))
+
 
 Condition = Callable[[pd.DataFrame, pd.DataFrame], np.ndarray]
 
