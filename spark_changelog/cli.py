@@ -190,6 +190,16 @@ def cmd_rescale(args) -> int:
     return 0
 
 
+def cmd_package(args) -> int:
+    """The package as a zip for a cluster's executors (docs/deploy.md)."""
+    from .runtime.py_files import write_package_zip
+    modules = write_package_zip(args.output, bytecode=not args.no_bytecode)
+    version = "%d.%d" % sys.version_info[:2]
+    kind = "source only" if args.no_bytecode else f"with bytecode for Python {version}"
+    print(f"{args.output}: {modules} modules, {kind}; ship it with --conf spark.submit.pyFiles=...")
+    return 0
+
+
 def cmd_relocate(args) -> int:
     """Make a checkpoint of a project moved from OLD to NEW resume there
     (docs/errors.md, "A moved project")."""
@@ -334,6 +344,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the new number of state partitions of every stateful operator "
                         "(spark.sql.shuffle.partitions of the query from now on)")
     s.set_defaults(func=cmd_rescale)
+    z = sub.add_parser("package", help="write this package as a zip for a cluster's executors "
+                                       "(spark.submit.pyFiles), with bytecode for this Python")
+    z.add_argument("output", nargs="?", default="spark_changelog.zip", help="the zip to write "
+                   "(default: spark_changelog.zip)")
+    z.add_argument("--no-bytecode", action="store_true",
+                   help="source files only (the executors compile them in every new Python worker)")
+    z.set_defaults(func=cmd_package)
     m = sub.add_parser("relocate", help="after moving a project directory from OLD to NEW, "
                                         "rewrite the paths its streaming checkpoint holds so "
                                         "the query resumes there")

@@ -32,19 +32,24 @@ import subprocess
 import sys
 import sysconfig
 import time
-import zipfile
 
 import pandas as pd
 import pyspark
+import pytest
 
 SPARK_HOME = os.path.dirname(os.path.realpath(pyspark.__file__))
-PACKAGE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                           "spark_changelog")
 CLI = os.path.join(os.path.dirname(sys.executable), "spark-changelog")
 #: the JVMs' heaps: small, the machine has 2 cores and several users
 DAEMON_MEMORY = "256m"
 WORKER_MEMORY = "1g"
 EXECUTOR_MEMORY = "640m"
+#: the executors' Python worker daemon: the package's own
+#: (runtime/worker_daemon.py), which imports the package's worker modules and
+#: their dependencies once per executor, before it forks the Python workers;
+#: found on the path Spark gives the daemon, in the shipped zip that each
+#: executor fetches into its working directory (docs/deploy.md)
+PRELOADING_DAEMON = {"spark.python.daemon.module": "spark_changelog.runtime.worker_daemon",
+                     "spark.executorEnv.PYTHONPATH": "spark_changelog.zip"}
 
 
 def free_port() -> int:
@@ -107,17 +112,11 @@ def spark_env(**extra) -> dict:
 
 def package_zip(directory: str) -> str:
     """The package as a zip for ``--py-files`` / ``spark.submit.pyFiles``,
-    what ``python -m zipfile -c spark_changelog.zip spark_changelog/`` run in
-    the repository makes (docs/deploy.md), without bytecode caches."""
+    what ``spark-changelog package`` writes (docs/deploy.md): sources and
+    their bytecode."""
+    from spark_changelog.runtime.py_files import write_package_zip
     path = os.path.join(directory, "spark_changelog.zip")
-    root = os.path.dirname(PACKAGE_DIR)
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
-        for dirpath, dirs, files in os.walk(PACKAGE_DIR):
-            dirs[:] = [d for d in dirs if d != "__pycache__"]
-            for name in files:
-                if name.endswith(".py"):
-                    full = os.path.join(dirpath, name)
-                    z.write(full, os.path.relpath(full, root))
+    write_package_zip(path)
     return path
 
 
@@ -210,9 +209,10 @@ class StandaloneCluster:
 
     def job_confs(self) -> dict:
         """What a job on this cluster is given (docs/deploy.md): the package
-        zip, the nodes' Python, small executors."""
+        zip, the nodes' Python, the preloading daemon, small executors."""
         return {"spark.submit.pyFiles": self.zip,
                 "spark.pyspark.python": self.python,
+                **PRELOADING_DAEMON,
                 "spark.executor.memory": EXECUTOR_MEMORY,
                 "spark.executor.cores": str(self.cores),
                 "spark.driver.memory": "1g",
@@ -242,10 +242,18 @@ class StandaloneCluster:
         self.workers, self.master = [], None
 
 
+#: the Python a Connect server starts its Python processes with: this
+#: environment's (which has the package), through ``spark-changelog-python``,
+#: which connects a driver-side process back to Spark before its imports
+#: (runtime/driver_python.py; docs/deploy.md, "Spark Connect")
+SERVER_PYTHON = os.path.join(os.path.dirname(sys.executable), "spark-changelog-python")
+
+
 class ConnectServer:
     """A Spark Connect server on ``master`` (default ``local[2]``) whose Python
-    workers run this interpreter (which has the package), logging under
-    ``directory``."""
+    processes run :data:`SERVER_PYTHON`, logging under ``directory``.  A
+    local master gets what ``build_session`` gives one (runtime/session.py,
+    ``LOCAL_CONFIGS``: the JIT's quick tier, the preloading worker daemon)."""
 
     def __init__(self, directory: str, master: str = "local[2]", confs: dict | None = None):
         self.directory = directory
@@ -256,15 +264,19 @@ class ConnectServer:
         self.proc = None
 
     def start(self) -> "ConnectServer":
-        from spark_changelog.runtime.session import DEFAULT_CONFIGS, ROCKSDB_PROVIDER
+        from spark_changelog.runtime.session import DEFAULT_CONFIGS, LOCAL_CONFIGS, ROCKSDB_PROVIDER
+        if not os.access(SERVER_PYTHON, os.X_OK):
+            raise RuntimeError(f"no {SERVER_PYTHON}: run scripts/setup (it installs the package's scripts)")
         confs = {"spark.connect.grpc.binding.port": str(self.port),
                  "spark.connect.grpc.binding.address": "127.0.0.1",
                  "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
-                 "spark.pyspark.python": sys.executable,
+                 "spark.pyspark.python": SERVER_PYTHON,
                  "spark.driver.memory": "1g",
                  "spark.sql.shuffle.partitions": "2",
                  "spark.ui.enabled": "false",
                  "spark.sql.session.timeZone": DEFAULT_CONFIGS["spark.sql.session.timeZone"]}
+        if self.master.startswith("local"):
+            confs.update(LOCAL_CONFIGS)
         confs.update(self.confs)
         args = [os.path.join(SPARK_HOME, "bin", "spark-submit"), "--master", self.master,
                 "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
@@ -272,7 +284,7 @@ class ConnectServer:
         for k, v in confs.items():
             args += ["--conf", f"{k}={v}"]
         log = os.path.join(self.directory, "connect-server.log")
-        self.proc = _spawn(args, log, spark_env(PYSPARK_PYTHON=sys.executable, SPARK_DAEMON_MEMORY="1g"))
+        self.proc = _spawn(args, log, spark_env(PYSPARK_PYTHON=SERVER_PYTHON, SPARK_DAEMON_MEMORY="1g"))
         try:
             _wait_for_line(log, "Spark Connect server started", self.proc, 240)
         except BaseException:
@@ -302,6 +314,16 @@ def start_cli(args, env: dict | None = None) -> subprocess.Popen:
 # -- the job the tests run on each deployment ------------------------------------
 #: the Debezium input of ``spark_changelog.demo.generate_debezium``: one file per micro-batch
 ROWS, KEYS, FILES = 6_000, 800, 4
+
+
+@pytest.fixture(scope="session")
+def cdc(tmp_path_factory):
+    """The Debezium input of the deployment tests (imported by their modules):
+    ``FILES`` files, three bad lines and a tombstone in the last, and its
+    expected final table."""
+    from spark_changelog.demo import generate_debezium
+    directory = str(tmp_path_factory.mktemp("cdc") / "in")
+    return directory, generate_debezium(directory, ROWS, KEYS, files=FILES)
 
 
 def normalize_args(src, out, *, streaming=True, changelog=True) -> list:

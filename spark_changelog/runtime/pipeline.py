@@ -418,8 +418,10 @@ def run_to_sink(df, table, *, key, schema: pa.Schema, checkpoint: Optional[str] 
     # the handler (config and sinks); the records come back through the checkpoint
     writer = df.writeStream.foreachBatch(handler if remote else main_batch) \
         .option("checkpointLocation", handler.main_checkpoint)
-    query = (writer.trigger(availableNow=True) if trigger is None
-             else writer.trigger(processingTime=trigger)).start()
+    writer = writer.trigger(availableNow=True) if trigger is None else writer.trigger(processingTime=trigger)
+    from .session import QueryStarts
+    starts = QueryStarts()
+    query = starts.start(writer.start)
 
     def fold_in_records() -> None:
         if remote:
@@ -430,22 +432,27 @@ def run_to_sink(df, table, *, key, schema: pa.Schema, checkpoint: Optional[str] 
 
     try:
         with operator_errors(), _stop_on_ctrl_c(handler.request_stop):
-            try:
-                while not query.awaitTermination(0.2):
+            while True:
+                try:
+                    while not query.awaitTermination(0.2):
+                        fold_in_records()
+                        if until is not None and until(report):
+                            break
+                except Exception as err:
                     fold_in_records()
-                    if until is not None and until(report):
-                        break
-            except Exception as err:
-                fold_in_records()
-                failure = failure or handler.failure()
-                if failure and isinstance(failure[0], _StopRequested):
-                    report.interrupted = True
-                else:
-                    from .checkpoint import reraise_damaged
-                    reraise_damaged(failure[0] if failure else err, handler.main_checkpoint)
-                    if failure:
-                        raise failure[0] from err
-                    raise
+                    failure = failure or handler.failure()
+                    if not failure and starts.again(err):
+                        query = starts.start(writer.start)
+                        continue
+                    if failure and isinstance(failure[0], _StopRequested):
+                        report.interrupted = True
+                    else:
+                        from .checkpoint import reraise_damaged
+                        reraise_damaged(failure[0] if failure else err, handler.main_checkpoint)
+                        if failure:
+                            raise failure[0] from err
+                        raise
+                break
             fold_in_records()
     finally:
         if query.isActive:

@@ -11,7 +11,7 @@ import os
 import re
 import sys
 import tempfile
-from typing import Mapping, Optional
+from typing import Callable, Mapping, Optional
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
@@ -248,6 +248,58 @@ def build_connect_session(remote: str, app_name: str = "spark-changelog",
         spark.conf.set(k, v)
     quiet_pyspark_loggers()
     return spark
+
+
+#: Spark's message when a Python process it started on the driver did not
+#: connect back in time: ``PythonWorkerFactory.createSimpleWorker`` waits a
+#: fixed 10 s (a constant in Spark 4.3, no setting) for the foreachBatch
+#: process of a Spark Connect query and for transformWithState's pre-init
+#: process of each stateful operator, both started when a query starts
+PYTHON_START_TIMEOUT = "Python worker failed to connect back"
+#: how many times a streaming query is started when its start fails that way
+QUERY_START_ATTEMPTS = 3
+
+
+def python_start_timed_out(err: BaseException) -> bool:
+    """``err`` (or an error it wraps) is Spark's :data:`PYTHON_START_TIMEOUT`."""
+    seen = 0
+    while err is not None and seen < 10:
+        if PYTHON_START_TIMEOUT in str(err):
+            return True
+        err, seen = err.__cause__ or err.__context__, seen + 1
+    return False
+
+
+class QueryStarts:
+    """Starting a streaming query again when Spark's Python process did not
+    connect back within Spark's fixed 10 s: the process imports PySpark and
+    its dependencies before it connects (0.7 s of CPU for the foreachBatch
+    process of a Spark Connect query), and a driver host short of CPU takes
+    longer than that (docs/deploy.md, "Spark Connect").  The query resumes
+    from its checkpoint, so a start again is exactly a restart; at most
+    :data:`QUERY_START_ATTEMPTS` starts in all."""
+
+    def __init__(self, attempts: int = QUERY_START_ATTEMPTS):
+        self.left = attempts - 1
+
+    def start(self, start: Callable):
+        """``start()``, again while it fails with the time-out and starts are left."""
+        while True:
+            try:
+                return start()
+            except Exception as err:
+                if not self.again(err):
+                    raise
+
+    def again(self, err: BaseException) -> bool:
+        """The query failed with ``err``: may it be started again (counted)?"""
+        if self.left <= 0 or not python_start_timed_out(err):
+            return False
+        self.left -= 1
+        logging.getLogger("spark_changelog").warning(
+            "a Python process Spark started did not connect back within Spark's fixed 10 s "
+            "(the driver's host is short of CPU); starting the query again from its checkpoint")
+        return True
 
 
 def quiet_pyspark_loggers() -> list:

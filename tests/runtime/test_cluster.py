@@ -21,12 +21,11 @@ import pytest
 import cluster as cl
 import long_variants
 import kill_window as kw
+from cluster import FILES, assert_summary, assert_table, cdc, normalize_args  # noqa: F401 (cdc: a fixture)
 from spark_changelog.connectors.dead_letter import read_dead_letter
-from spark_changelog.demo import generate_debezium
 from spark_changelog.sinks.delta import read_table
 
 long_only = long_variants.long_only("a cluster job of minutes")
-from cluster import FILES, KEYS, ROWS, assert_summary, assert_table, normalize_args
 
 
 @pytest.fixture(scope="module")
@@ -36,15 +35,6 @@ def standalone(tmp_path_factory):
         yield cluster.start()
     finally:
         cluster.stop()
-
-
-@pytest.fixture(scope="module")
-def cdc(tmp_path_factory):
-    """Debezium input (four files, three bad lines and a tombstone in the
-    last) and its expected final table."""
-    directory = str(tmp_path_factory.mktemp("cdc") / "in")
-    expected = generate_debezium(directory, ROWS, KEYS, files=FILES)
-    return directory, expected
 
 
 def changelog_rows(path) -> pd.DataFrame:

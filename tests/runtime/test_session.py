@@ -53,3 +53,23 @@ def test_the_connect_session_sets_only_session_settings():
     assert CONNECT_SESSION_CONFIGS["spark.sql.session.timeZone"] == "UTC"
     assert all(k.startswith("spark.sql.") for k in CONNECT_SESSION_CONFIGS)
     assert "spark.sql.streaming.stateStore.providerClass" not in CONNECT_SESSION_CONFIGS
+
+
+def test_spark_python_start_time_out_is_recognised_through_its_wrappers():
+    from spark_changelog.runtime.session import QueryStarts, python_start_timed_out
+    try:
+        try:
+            raise TimeoutError("Timed out while waiting for the Python worker to connect back")
+        except TimeoutError as inner:
+            raise RuntimeError("Python worker failed to connect back.") from inner
+    except RuntimeError as err:
+        try:
+            raise ValueError("[STREAM_FAILED] Query terminated with exception") from err
+        except ValueError as outer:
+            wrapped = outer
+    assert python_start_timed_out(wrapped)
+    assert not python_start_timed_out(ValueError("Python worker exited unexpectedly (crashed)"))
+    starts = QueryStarts(attempts=3)
+    assert [starts.again(wrapped) for _ in range(3)] == [True, True, False]
+    assert not QueryStarts().again(ValueError("an operator's own error"))
+
