@@ -245,7 +245,7 @@ class StandaloneCluster:
 #: the Python a Connect server starts its Python processes with: this
 #: environment's (which has the package), through ``spark-changelog-python``,
 #: which connects a driver-side process back to Spark before its imports
-#: (runtime/driver_python.py; docs/deploy.md, "Spark Connect")
+#: (runtime/worker_launcher.py; docs/deploy.md, "Spark Connect")
 SERVER_PYTHON = os.path.join(os.path.dirname(sys.executable), "spark-changelog-python")
 
 

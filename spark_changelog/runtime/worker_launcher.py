@@ -16,12 +16,30 @@ interpreter, and :func:`main` drops the bundled copies
 (:func:`.worker_daemon.without_bundled_copies`) before it runs the module,
 as ``python -m`` would.  Any other command line is handed to the
 interpreter unchanged.
+
+Spark also waits a fixed 10 s for such a process to connect back
+(``PythonWorkerFactory.createSimpleWorker``, a constant in Spark 4.3) and
+otherwise fails the query's start ("Python worker failed to connect back"):
+the stateful operators' pre-init process, and under Spark Connect the
+``foreachBatch`` process of every streaming query.  Their modules import
+PySpark, pandas, pyarrow and gRPC before they connect (0.7 s of CPU for the
+``foreachBatch`` one without the zip), more than 10 s on a driver host short
+of CPU.  For those modules (:data:`CONNECT_FIRST`) :func:`main` connects
+back first, with the standard library only, then imports the module and
+runs its ``main`` on the connection, as its ``__main__`` block would; once
+connected, Spark waits minutes for the process's first answer.
+``spark-changelog-python`` (a console script, :func:`console_main`) is this
+launcher for a Spark Connect server's ``PYSPARK_PYTHON`` (docs/deploy.md,
+"Starting a streaming query").
 """
 from __future__ import annotations
 
 import hashlib
+import importlib
 import os
 import runpy
+import socket
+import struct
 import sys
 import tempfile
 
@@ -52,18 +70,81 @@ def launcher(python: str = sys.executable, directory: str | None = None) -> str:
     return path
 
 
+#: modules Spark starts on the driver whose ``__main__`` is ``with
+#: get_sock_file_to_executor(TIMEOUT) as f: main(f, f)`` (PySpark 4.3) ->
+#: that TIMEOUT (-1: PySpark's default, the socket keeps its authentication
+#: time-out)
+CONNECT_FIRST = {
+    "pyspark.sql.connect.streaming.worker.foreach_batch_worker": None,
+    "pyspark.sql.connect.streaming.worker.listener_worker": None,
+    "pyspark.sql.streaming.transform_with_state_driver_worker": -1,
+    "pyspark.sql.streaming.python_streaming_source_runner": None,
+}
+
+
+def _read_utf8(f) -> str:
+    (length,) = struct.unpack("!i", f.read(4))
+    return f.read(length).decode("utf-8")
+
+
+def connect_back(timeout):
+    """Connect to the JVM that started this process, authenticate and send
+    the pid, as PySpark's ``get_sock_file_to_executor(timeout)`` does (its
+    ``local_connect_and_auth``: TCP with the secret, or the unix socket)
+    -> the connection as a file."""
+    buffer_size = int(os.environ.get("SPARK_BUFFER_SIZE", 65536))
+    auth_timeout = int(os.environ.get("SPARK_AUTH_SOCKET_TIMEOUT", 15))
+    secret = os.environ.get("PYTHON_WORKER_FACTORY_SECRET")
+    path = os.environ.get("PYTHON_WORKER_FACTORY_SOCK_PATH")
+    if path is not None and secret is None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(auth_timeout)
+        sock.connect(path)
+        f = sock.makefile("rwb", buffer_size)
+    else:
+        host = "::1" if os.environ.get("SPARK_PREFER_IPV6", "false").lower() == "true" else "127.0.0.1"
+        sock = socket.create_connection((host, int(os.environ["PYTHON_WORKER_FACTORY_PORT"])),
+                                        timeout=auth_timeout)
+        f = sock.makefile("rwb", buffer_size)
+        data = (secret or "").encode("utf-8")
+        f.write(struct.pack("!i", len(data)) + data)
+        f.flush()
+        if _read_utf8(f) != "ok":
+            f.close()
+            sock.close()
+            raise ConnectionError("the JVM refused this Python process's secret")
+    if timeout is None or timeout > 0:
+        sock.settimeout(timeout)
+    f.write(struct.pack("!i", os.getpid()))
+    f.flush()
+    return f
+
+
 def main(argv: list) -> None:
     """``argv``: the launcher's command line.  ``-m MODULE ARGS...`` runs the
     module as ``__main__`` after dropping PySpark's bundled copies from the
-    path; anything else is the interpreter's command line, run as it is."""
+    path (a :data:`CONNECT_FIRST` module: after connecting back); anything
+    else is the interpreter's command line, run as it is."""
     if len(argv) < 3 or argv[1] != "-m":
         os.execv(sys.executable, [sys.executable] + list(argv[1:]))
+    module = argv[2]
+    sock_file = connect_back(CONNECT_FIRST[module]) if module in CONNECT_FIRST and len(argv) == 3 else None
     from .worker_daemon import without_bundled_copies
     kept = without_bundled_copies(sys.path)
     for entry in set(sys.path) - set(kept):
         sys.path_importer_cache.pop(entry, None)
     # ``python -m`` puts the working directory first, not the script's
     sys.path[:] = [os.getcwd()] + kept[1:]
-    module = argv[2]
+    if sock_file is not None:
+        try:
+            importlib.import_module(module).main(sock_file, sock_file)
+        finally:
+            sock_file.close()
+        return
     sys.argv = [argv[0]] + list(argv[3:])
     runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+def console_main() -> None:
+    """``spark-changelog-python``: the launcher as an installed command."""
+    main(sys.argv)

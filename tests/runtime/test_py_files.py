@@ -23,9 +23,9 @@ def test_the_package_zip_holds_sources_and_the_bytecode_python_imports(tmp_path,
     # install) imports the package from the zip, from its bytecode
     r = subprocess.run([sys.executable, "-S", "-c",
                         f"import sys; sys.path.insert(0, {str(path)!r}); "
-                        "import spark_changelog.runtime.driver_python as m; print(m.__file__)"],
+                        "import spark_changelog.runtime.worker_launcher as m; print(m.__file__)"],
                        capture_output=True, text=True, check=True)
-    assert r.stdout.strip() == f"{path}/spark_changelog/runtime/driver_python.pyc"
+    assert r.stdout.strip() == f"{path}/spark_changelog/runtime/worker_launcher.pyc"
     source_only = tmp_path / "source.zip"
     assert main(["package", str(source_only), "--no-bytecode"]) == 0
     assert all(n.endswith(".py") for n in zipfile.ZipFile(source_only).namelist())

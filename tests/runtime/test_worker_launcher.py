@@ -1,5 +1,5 @@
 """Spark's driver-side Python processes and its fixed 10 s wait for them to
-connect back (runtime/driver_python.py, runtime/session.py ``QueryStarts``;
+connect back (runtime/worker_launcher.py, runtime/session.py ``QueryStarts``;
 docs/deploy.md, "Spark Connect"), with real time-outs: the Python that Spark
 starts is delayed on purpose."""
 from __future__ import annotations
