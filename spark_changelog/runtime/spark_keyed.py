@@ -183,34 +183,32 @@ class KeyGroupProcessor(StatefulProcessor):
         return arrow_input(unpack(blobs), self.columns, self.time_zone)
 
     def handleInputRows(self, key, rows, timerValues) -> Iterator[pd.DataFrame]:
-        frames = self._output(key, rows, timerValues)
+        op = self.operator
+        pdf, passed = split_upstream_metrics(self._unpacked(rows), op)
+        out = ctx = extra = None
+        if not pdf.empty:
+            t0 = time.perf_counter()
+            stack, run_ids, next_seq, misses = self._load(key)
+            ctx = self._context(timerValues, next_seq)
+            out = process_key_group(op, stack, pdf, ctx)
+            written = self._save(stack, run_ids, ctx.next_seq, key)
+            extra = {"state_rows": stack.size, "key_group": int(key[0]), "runs": len(stack.runs),
+                     "rows_written": written, "cache_misses": misses, "seconds": time.perf_counter() - t0}
         if self.pack is None:
-            yield from frames
+            if passed is not None:
+                yield passed
+            if ctx is not None:
+                yield from with_metrics(out, op, ctx, extra)
             return
-        schema = pa.schema([f.with_nullable(True) for f in output_schema_with_metrics(self.operator)])
-        tables = [pa.Table.from_pandas(f, schema=schema, preserve_index=False) for f in frames if len(f)]
-        pairs = self.pack(pa.concat_tables(tables)) if tables else []
+        if passed is None and ctx is None:
+            return
+        # the output as Arrow as the batch path makes it (the data rows without
+        # a column of None to convert), packed for the next operator
+        pairs = self.pack(arrow_output(out, passed, op, ctx, extra))
         if pairs:
             yield pd.DataFrame({KIND_COL: np.full(len(pairs), PACKED_KIND, dtype=np.int8),
                                 PACKED_GROUP_COL: np.array([g for g, _ in pairs], dtype=np.int32),
                                 PACKED_ROWS_COL: [b for _, b in pairs]})
-
-    def _output(self, key, rows, timerValues) -> Iterator[pd.DataFrame]:
-        op = self.operator
-        pdf, passed = split_upstream_metrics(self._unpacked(rows), op)
-        if passed is not None:
-            yield passed
-        if pdf.empty:
-            return
-        t0 = time.perf_counter()
-        stack, run_ids, next_seq, misses = self._load(key)
-        ctx = self._context(timerValues, next_seq)
-        out = process_key_group(op, stack, pdf, ctx)
-        written = self._save(stack, run_ids, ctx.next_seq, key)
-        yield from with_metrics(out, op, ctx, {
-            "state_rows": stack.size, "key_group": int(key[0]), "runs": len(stack.runs),
-            "rows_written": written,
-            "cache_misses": misses, "seconds": time.perf_counter() - t0})
 
     def close(self) -> None:
         pass
