@@ -286,7 +286,7 @@ def markdown(result: dict) -> str:
         f = result["freshness"]
         lines += [f"## Freshness: {f['rate']:,.0f} events/s for {f['seconds']:.0f} s, {f['file_events']} events "
                   f"per file, trigger {f['trigger']}", "",
-                  "Arrival of a file -> its rows readable in Delta (the sink's commit of the batch).  Window: per "
+                  "Arrival of a file -> its rows readable in Delta (the Delta log's version holding them).  Window: per "
                   "window, from the arrival of the change that closes it (TUMBLE 5 s, watermark bound 1 s).", "",
                   "| operator | p50 | p99 | max | measured | batch (triggerExecution, median) | addBatch | planning "
                   "| sink commit | arrival -> batch start | not committed | load |",

@@ -91,6 +91,11 @@ class RunReport:
     _entry_rows: int = dataclasses.field(default=0, repr=False)
     #: batch ids whose record was folded in (:meth:`apply_batch`)
     _applied: set = dataclasses.field(default_factory=set, repr=False)
+    #: the latest batch folded in: ``batch_id``, ``committed_at`` (epoch
+    #: seconds when its sink commit ended: its rows are readable from then
+    #: on) and ``sink_commit_s`` (the sink's commit step alone; docs/runtime.md,
+    #: "The fixed cost of a micro-batch")
+    last_batch: dict = dataclasses.field(default_factory=dict)
 
     @property
     def rows_in(self) -> Optional[int]:
@@ -110,6 +115,7 @@ class RunReport:
         if record["batch_id"] in self._applied:
             return False
         self._applied.add(record["batch_id"])
+        self.last_batch = {k: record.get(k) for k in ("batch_id", "committed_at", "sink_commit_s")}
         self.add_metrics(record["metrics"])
         if record.get("event_time"):
             self.event_time = record["event_time"]
@@ -611,8 +617,9 @@ class BatchHandler:
         with native_stderr_to_log():
             if self.changelog is not None:
                 self.changelog.write_batch(data.to_pandas(), batch_id=batch_id, query_id=query_id)
+            started = time.time()
             result = self.sink.write_arrow_batch(data, query_id=query_id, batch_id=batch_id)
-        return self._with_result(record, result, data.num_rows)
+        return self._with_result(record, result, data.num_rows, started)
 
     def handle_distributed(self, df, stage, batch_id: int, query_id: str) -> dict:
         """The batch stays on the executors: the sink writers stage it
@@ -627,14 +634,17 @@ class BatchHandler:
         except BaseException:
             stage.drop(written)     # nothing of the batch reached the table
             raise
+        started = time.time()
         result = stage.commit(written)
-        return self._with_result(record, result, sum(w["rows"] for w in written))
+        return self._with_result(record, result, sum(w["rows"] for w in written), started)
 
     @staticmethod
-    def _with_result(record: dict, result: dict, changes: int) -> dict:
+    def _with_result(record: dict, result: dict, changes: int, commit_started: float) -> dict:
+        committed_at = time.time()
         record.update(changes_out=changes, skipped_replay=bool(result.get("skipped_replay")),
                       upserted=int(result.get("upserted", 0)), deleted=int(result.get("deleted", 0)),
-                      write=result.get("write"))
+                      write=result.get("write"), committed_at=committed_at,
+                      sink_commit_s=committed_at - commit_started)
         return record
 
     def _side_rows(self, payloads: list[dict], rejects: pd.DataFrame, batch_id: int) -> dict:

@@ -5,6 +5,7 @@ back by run id, and a record folds into the report once."""
 from __future__ import annotations
 
 import pickle
+import time
 
 import pyarrow as pa
 import pytest
@@ -33,10 +34,18 @@ def test_the_handler_pickles_with_an_open_delta_sink_and_still_writes(tmp_path):
     sink = DeltaUpsertSink(str(tmp_path / "t"), ["id"], SCHEMA)
     sink.write_arrow_batch(batch([(1, "a", 0, 1)]), query_id="q", batch_id=0)   # the table is open
     copy = pickle.loads(pickle.dumps(handler(sink, tmp_path / "ck")))
+    before = time.time()
     record = copy.handle(batch([(2, "b", 0, 2), (1, "a", 3, 3)]), 1, "q")
     assert (record["changes_out"], record["upserted"], record["deleted"], record["skipped_replay"]) == \
         (2, 1, 1, False)
     assert sink.last_batch_id("q") == 1
+    # when the batch became readable, and what the sink's commit step took
+    # (scripts/bench freshness reports it beside the latency)
+    assert before <= record["committed_at"] - record["sink_commit_s"] <= record["committed_at"] <= time.time()
+    report = RunReport(streaming=True)
+    report.apply_batch(record)
+    assert report.last_batch == {"batch_id": 1, "committed_at": record["committed_at"],
+                                 "sink_commit_s": record["sink_commit_s"]}
 
 
 def test_records_are_read_back_by_run_and_fold_in_once(tmp_path):
