@@ -397,7 +397,8 @@ def postgres_unreachable(tmp):
     p = script(tmp, source_ddl(_with_input(tmp))
                + "CREATE TABLE out (id BIGINT, name STRING, amount BIGINT, PRIMARY KEY (id) NOT "
                  "ENFORCED)\n  WITH ('connector' = 'jdbc', 'url' = "
-                 "'jdbc:postgresql://127.0.0.1:9/nodb', 'username' = 'u');\n" + INSERT_ALL)
+                 "'jdbc:postgresql://127.0.0.1:9/nodb', 'username' = 'u', 'sink.max-retries' = '1');\n"
+               + INSERT_ALL)
     return ["run", p, "--batch"], {"p": p}, None
 
 

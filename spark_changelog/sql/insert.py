@@ -79,8 +79,17 @@ class PlannedInsert:
                     if f.name in self.stream.schema.columns]
             schema = to_arrow_schema(type(self.stream.df.schema)(data), timezone="UTC")
             return PostgresUpsertSink(postgres_conninfo(c), c.option("table-name", self.table.name),
-                                      self.sink_key, pa.schema(schema))
+                                      self.sink_key, pa.schema(schema), **postgres_sink_retries(c))
         raise AssertionError(f"not a sink connector: {c.kind}")
+
+
+def postgres_sink_retries(c) -> dict:
+    """``'sink.max-retries'`` (Flink's JDBC option name) as the sink's
+    ``max_retries``: how often a connection or transaction failure is retried,
+    with backoff, before the run fails; the sink's own default when absent
+    (docs/sql.md, "Connectors (`WITH` options)")."""
+    retries = c.option("sink.max-retries")
+    return {} if retries is None else {"max_retries": int(retries)}
 
 
 def postgres_conninfo(c) -> str:

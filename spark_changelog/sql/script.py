@@ -67,7 +67,7 @@ CONNECTOR_OPTIONS = {
                    "changelog.mode"),
     "kafka": KAFKA_OPTIONS,
     "delta": HISTORY_OPTIONS,
-    "postgres": ("url", "table-name", "username", "password") + HISTORY_OPTIONS,
+    "postgres": ("url", "table-name", "username", "password", "sink.max-retries") + HISTORY_OPTIONS,
     "print": ("print-identifier",),
     "blackhole": (),
     # Flink CDC's names (docs/sources.md, "Options")
@@ -745,6 +745,11 @@ class _Builder:
             if "url" not in opts:
                 raise self.error(f"table {table}: connector {kind!r} needs 'url' (e.g. "
                                  "'jdbc:postgresql://host:5432/db' or a libpq conninfo)", pos)
+            retries = opts.get("sink.max-retries")
+            if retries is not None and not retries.strip().isdigit():
+                raise self.error(f"table {table}: 'sink.max-retries' must be a whole number of "
+                                 f"retries (0 or more), got {retries!r}",
+                                 self.option_positions.get("sink.max-retries", pos))
             kind = "postgres"
         elif path is not None and kind != "delta":
             opts["path"] = path

@@ -195,6 +195,8 @@ MALFORMED = [
      "unsupported option(s) 'sink.parallelism' for connector 'print'"),
     ("CREATE TABLE a (id INT) WITH ('connector' = 'filesystem', 'path' = 'x')", 1, 31,
      "connector 'filesystem' needs 'format'"),
+    ("CREATE TABLE a (id INT) WITH ('connector' = 'jdbc', 'url' = 'x',\n  'sink.max-retries' = 'often')", 2, 3,
+     "'sink.max-retries' must be a whole number of retries (0 or more), got 'often'"),
     ("CREATE TABLE a (id INT, id STRING) WITH ('connector' = 'print')", 1, 1,
      "duplicate column(s) ['id']"),
     ("CREATE TABLE a (v STRING, WATERMARK FOR v AS v - INTERVAL '1' SECOND) "
@@ -368,3 +370,14 @@ def test_malformed_ctas_is_an_error_at_its_line_and_column(stmt, line, col, mess
     with pytest.raises(UnsupportedFeature) as e:
         parse_script("CREATE TABLE p (k BIGINT) WITH ('connector' = 'print');\n" + stmt, "v.sql")
     assert (e.value.message, e.value.line, e.value.col) == (message, line, col)
+
+
+def test_jdbc_sink_max_retries_is_the_sinks_retry_count():
+    """``'sink.max-retries'`` (Flink's JDBC option) reaches the PostgreSQL
+    sink as its retry count; without it the sink keeps its default."""
+    from spark_changelog.sql.insert import postgres_sink_retries
+    ddl = ("CREATE TABLE o (id INT, PRIMARY KEY (id) NOT ENFORCED) WITH ('connector' = 'jdbc', "
+           "'url' = 'jdbc:postgresql://h/db'{});")
+    with_option = parse_script(ddl.format(", 'sink.max-retries' = '2'")).statements[0]
+    assert postgres_sink_retries(with_option.connector) == {"max_retries": 2}
+    assert postgres_sink_retries(parse_script(ddl.format("")).statements[0].connector) == {}
