@@ -28,7 +28,7 @@ from ..model import KIND_COL, METRICS_COL, METRICS_KIND, SEQ_COL, ChangelogMode
 from ..model.rowkind import RowKind
 from ..operators.keys import GLOBAL_KEY
 from ..runtime.keyed_rows import operator_schema_of
-from ..runtime.spark_keyed import apply_keyed, keyed_packed_source
+from ..runtime.spark_keyed import keyed_step
 from . import expressions
 from .nodes import (WINDOW_END, WINDOW_START, WINDOW_TIME, Aggregate, ApplyAs, Deduplicate, Filter, History,
                     Join, Materialize, Node, Normalize, Project, Sink, Source, TopN, UnionAll,
@@ -52,7 +52,7 @@ class Lowered:
     #: the reader whose rows ``df`` is (a source node), else None: a keyed
     #: operator reading them directly lets its line task pack them
     reader: Optional[object] = None
-    #: (the keyed operator's output DataFrame, ``spark_keyed.keyed_packed_source``):
+    #: (the keyed operator's output DataFrame, its step packing for the next, ``spark_keyed.keyed_step``):
     #: a keyed operator reading that output directly has it packed by the
     #: operator before (docs/runtime.md, "Packing in the operator before")
     packs: Optional[tuple] = None
@@ -298,9 +298,7 @@ def _keyed(inp: Lowered, df, op, key_groups: Optional[int]) -> Lowered:
     # an operator reading a reader's or a keyed operator's rows as they are
     # has them packed where they are made (docs/runtime.md, "Packing in the
     # line task", "Packing in the operator before")
-    source = inp.packed_source(df)
-    out = apply_keyed(df, op, key_groups=key_groups, packed_source=source)
-    repack = keyed_packed_source(df, op, key_groups=key_groups, packed_source=source)
+    out, repack = keyed_step(df, op, key_groups=key_groups, packed_source=inp.packed_source(df))
     return inp.then(out, op, packs=(out, repack) if repack is not None else None)
 
 
@@ -373,9 +371,8 @@ def _join(node: Join, left: Lowered, right: Lowered) -> Lowered:
     union = layout.spark_union(left.df, right.df)
     entry = tuple(dict.fromkeys((left.entry if left.operators else (op,))
                                 + (right.entry if right.operators else (op,))))
-    source = _join_packed_source(layout, left, right, union)
-    out = apply_keyed(union, op, key_groups=node.key_groups, packed_source=source)
-    repack = keyed_packed_source(union, op, key_groups=node.key_groups, packed_source=source)
+    out, repack = keyed_step(union, op, key_groups=node.key_groups,
+                             packed_source=_join_packed_source(layout, left, right, union))
     return Lowered(out, left.operators + right.operators + (op,), entry,
                    packs=(out, repack) if repack is not None else None)
 

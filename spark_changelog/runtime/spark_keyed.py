@@ -94,7 +94,7 @@ class KeyGroupProcessor(StatefulProcessor):
                  time_zone: Optional[str] = None, key_groups: Optional[int] = None,
                  pack: Optional[Callable[[pa.Table], list]] = None):
         self.operator = operator
-        #: packs the output for the next keyed operator (:func:`keyed_packed_source`):
+        #: packs the output for the next keyed operator (:func:`keyed_step`):
         #: the output rows as an Arrow table -> (key group, packed rows) pairs
         self.pack = pack
         #: the query's key-group count, kept in ``meta``: a key's state is found
@@ -222,33 +222,50 @@ def session_key_groups(spark) -> int:
 
 def apply_keyed(df, operator: KeyedOperator, *, key_groups: Optional[int] = None,
                 growth: float = 1.0, max_runs: int = 8, processing_time_ms: Optional[int] = None,
-                packed_source: Optional[Callable] = None, pack_output: Optional[tuple] = None):
+                packed_source: Optional[Callable] = None):
     """The operator's output (plus metric rows) as a Spark DataFrame.
 
     A streaming ``df`` runs with state in the state store; a bounded one is
     processed in one go per key group, with the same operator code.
     ``packed_source``: see :func:`pack_key_groups`.  ``key_groups``: None
-    for :func:`session_key_groups`.  ``pack_output``: streaming only, see
-    :func:`keyed_packed_source`.  An operator that waits
+    for :func:`session_key_groups`.  An operator that waits
     for the watermark runs in :func:`~.spark_event_time.apply_event_time`.
     """
+    return keyed_step(df, operator, key_groups=key_groups, growth=growth, max_runs=max_runs,
+                      processing_time_ms=processing_time_ms, packed_source=packed_source)[0]
+
+
+def keyed_step(df, operator: KeyedOperator, *, key_groups: Optional[int] = None,
+               growth: float = 1.0, max_runs: int = 8, processing_time_ms: Optional[int] = None,
+               packed_source: Optional[Callable] = None) -> tuple:
+    """(:func:`apply_keyed`'s output, how the next keyed operator takes it
+    packed or None).  The second is, for an operator running as a
+    :class:`KeyGroupProcessor` on a stream, a callable ``(pack, schema) ->
+    DataFrame`` (docs/runtime.md, "Packing in the operator before"): the
+    same step on the same packed input, its processor packing its output
+    (``pack``: the output rows, an Arrow table of
+    :func:`output_schema_with_metrics`, -> (key group, packed rows) pairs),
+    the step's output being those pairs, one row each, with the columns of
+    ``schema`` null (the shape of a reader's ``packed_rows``)."""
     if operator.uses_watermark:
         raise ValueError(f"{operator.name} waits for the watermark: run it with "
                          "runtime.spark_event_time.apply_event_time")
     if df.isStreaming and operator.state_is_seen_keys:
-        return apply_seen_keys(df, operator)
+        return apply_seen_keys(df, operator), None
     time_zone = df.sparkSession.conf.get("spark.sql.session.timeZone")
     out_schema = spark_schema(output_schema_with_metrics(operator))
     if key_groups is None:
         key_groups = session_key_groups(df.sparkSession)
     if df.isStreaming:
         packed, columns = pack_key_groups(df, operator, key_groups, packed_source=packed_source)
-        pack, columns_of = pack_output or (None, None)
-        processor = KeyGroupProcessor(operator, columns, growth, max_runs, time_zone, key_groups, pack)
-        out = packed.groupBy(KEY_GROUP_COL).transformWithStateInPandas(
-            statefulProcessor=processor, outputStructType=PACKED_OUTPUT if pack else out_schema,
-            outputMode="Append", timeMode="None")
-        return out if pack is None else _with_columns_of(out, columns_of)
+
+        def step(pack: Optional[Callable] = None, schema=None):
+            processor = KeyGroupProcessor(operator, columns, growth, max_runs, time_zone, key_groups, pack)
+            out = packed.groupBy(KEY_GROUP_COL).transformWithStateInPandas(
+                statefulProcessor=processor, outputStructType=PACKED_OUTPUT if pack else out_schema,
+                outputMode="Append", timeMode="None")
+            return out if pack is None else _with_columns_of(out, schema)
+        return step(), step
 
     # the same packed input as streaming: Spark shuffles and groups a few
     # blobs per key group instead of sorting every row (``keygroup.sort_rows``
@@ -265,11 +282,11 @@ def apply_keyed(df, operator: KeyedOperator, *, key_groups: Optional[int] = None
         out = process_key_group(operator, None, pdf, ctx)
         return arrow_output(out, passed, operator, ctx, {"state_rows": 0})
 
-    return packed.groupBy(KEY_GROUP_COL).applyInArrow(run_group, schema=out_schema)
+    return packed.groupBy(KEY_GROUP_COL).applyInArrow(run_group, schema=out_schema), None
 
 
 #: the output of a keyed operator that packs it for the next one: only
-#: packed rows (:func:`keyed_packed_source`)
+#: packed rows (:func:`keyed_step`)
 PACKED_OUTPUT = StructType([StructField(KIND_COL, ByteType()), StructField(PACKED_GROUP_COL, IntegerType()),
                             StructField(PACKED_ROWS_COL, BinaryType())])
 
@@ -282,26 +299,6 @@ def _with_columns_of(packed, schema):
     cols = [F.col(KIND_COL) if f.name == KIND_COL else F.lit(None).cast(f.dataType).alias(f.name)
             for f in schema.fields]
     return packed.select(*cols, F.col(PACKED_GROUP_COL), F.col(PACKED_ROWS_COL))
-
-
-def keyed_packed_source(df, operator: KeyedOperator, *, key_groups: Optional[int] = None,
-                        packed_source: Optional[Callable] = None) -> Optional[Callable]:
-    """What lets the next keyed operator take this one's output packed
-    (docs/runtime.md, "Packing in the operator before"): a callable
-    ``(pack, schema) -> DataFrame`` that builds the operator's step on ``df``
-    again, as :func:`apply_keyed` does, with the processor packing its
-    output (``pack``: the output rows, an Arrow table of
-    :func:`output_schema_with_metrics`, -> (key group, packed rows) pairs)
-    and the step's output being those pairs, one row each, with the columns
-    of ``schema`` null (the shape of a reader's ``packed_rows``).  None when
-    the operator does not run as a :class:`KeyGroupProcessor` on a stream."""
-    if not df.isStreaming or operator.uses_watermark or operator.state_is_seen_keys:
-        return None
-
-    def source(pack: Callable, schema):
-        return apply_keyed(df, operator, key_groups=key_groups, packed_source=packed_source,
-                           pack_output=(pack, schema))
-    return source
 
 
 def _with_metrics_column(df):
@@ -343,7 +340,7 @@ class LinePacker:
     """What a reader's line task calls on the change rows it finished
     (``ReadResult.packed_rows``, docs/runtime.md, "Packing in the line
     task"), and a keyed operator before this one on its output
-    (:func:`keyed_packed_source`): the rows in the packing pass's schema, each
+    (:func:`keyed_step`): the rows in the packing pass's schema, each
     given Spark's key group (:func:`spark_hash.key_groups`, the value
     :func:`add_key_group` computes; side rows :data:`METRICS_GROUP`),
     pre-folded when the operator pre-folds (the counters' side row into

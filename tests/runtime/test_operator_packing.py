@@ -72,7 +72,8 @@ def _run(spark, tmp_path, name: str, s1: str, s2: str, unpacked: bool, monkeypat
     out = str(tmp_path / name)
     with monkeypatch.context() as m:
         if unpacked:
-            m.setattr(lower_module, "keyed_packed_source", lambda *a, **k: None)
+            step = lower_module.keyed_step
+            m.setattr(lower_module, "keyed_step", lambda *a, **k: (step(*a, **k)[0], None))
         runs = run_script(spark, parse_script(_script(s1, s2, out)), batch=False,
                           checkpoint=os.path.join(out, "ck"), dead_letter=os.path.join(out, "dead"),
                           show_progress=False)
