@@ -14,3 +14,11 @@ def spark():
                                                                "spark.default.parallelism": "2"})
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def crashed(request, tmp_path_factory):
+    """``crashed(NAME)``: the state after the shared crash of the tests marked
+    ``shared_crash`` (tests/kill_restart.py): one job process for all."""
+    from kill_restart import SharedCrashes
+    return SharedCrashes(request, tmp_path_factory)

@@ -1,5 +1,5 @@
 """Inputs shared by the Spark window tests and their job process
-(tests/jobs/window_job.py): clicks ``(p, u, t)`` in files, one micro-batch per
+(tests/crash_pipelines.py): clicks ``(p, u, t)`` in files, one micro-batch per
 file, and the local reference run of the same batches."""
 from __future__ import annotations
 

@@ -38,7 +38,9 @@ def run_sink(sink: Sink, table, *, checkpoint: Optional[str] = None,
     warns = plan_warnings(sink)
     if checkpoint is not None and is_streaming(sink):
         from pyspark.sql import SparkSession
-        fresh = session_key_groups(SparkSession.getActiveSession())
+        # active() falls back to the default session: a query started from
+        # another thread than the session's has no active session there
+        fresh = session_key_groups(SparkSession.active())
         changed = check_checkpoint(checkpoint, sink, fresh)
         if changed:
             warns.append(changed)

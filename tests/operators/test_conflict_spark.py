@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from changelog_data import schema_of, set_arrival, to_frame, to_rows
+from kill_restart import Crash
 from spark_changelog.api import ChangelogStream
 from spark_changelog.model import END_OF_INPUT_MS, KIND_COL, SEQ_COL, RowKind
 from spark_changelog.operators.sink_upsert_materializer import (PrimaryKeyConstraintViolation,
@@ -59,14 +60,19 @@ FILES = [
 ]
 
 
+def file_frames(files):
+    """One frame per file, ``_seq`` counting on across the files."""
+    seq, frames = 0, []
+    for rows in files:
+        frames.append(to_frame(rows, COLS, seqs=range(seq, seq + len(rows))))
+        seq += len(rows)
+    return frames
+
+
 def write_files(directory, files):
     os.makedirs(directory, exist_ok=True)
-    seq = 0
-    frames = []
-    for i, rows in enumerate(files):
-        f = to_frame(rows, COLS, seqs=range(seq, seq + len(rows)))
-        seq += len(rows)
-        frames.append(f)
+    frames = file_frames(files)
+    for i, f in enumerate(frames):
         path = os.path.join(directory, f"part-{i:04d}.parquet")
         pq.write_table(pa.Table.from_pandas(f, schema=ARROW, preserve_index=False), path)
         set_arrival(path, i)
@@ -245,16 +251,24 @@ def test_conflict_nothing_needs_a_watermark_not_the_time_column(spark, tmp_path)
             .itertuples(index=False)] == [(1, 1, "a")]
 
 
+def _prepare_crash(d, fixture):
+    write_files(d / "in", FILES)
+    return [d / "in", d / "table", d / "ck", d / "log"]
+
+
+#: SIGKILL inside batch 2, after its sinks were written, before Spark logged it
+CRASHES = {"conflict": Crash("conflict", _prepare_crash, hang_after=2)}
+
+
 @pytest.mark.slow
-def test_kill_and_restart_keeps_watermarks_and_buffered_changes(tmp_path):
+@pytest.mark.shared_crash("conflict")
+def test_kill_and_restart_keeps_watermarks_and_buffered_changes(spark, crashed):
     """SIGKILL the job inside batch 2 (after its sinks were written, before
     Spark logged it), restart from the checkpoint: Spark replays batch 2, the
     per-partition watermarks and buffered changes come back from the state
     store, and the table and the changelog equal an uninterrupted run's."""
-    from kill_restart import crash_in_batch, restart
-    frames = write_files(tmp_path / "in", FILES)
-    args = [tmp_path / "in", tmp_path / "table", tmp_path / "ck", tmp_path / "log"]
-    crash_in_batch("conflict_job.py", args, 2)
-    out = restart("conflict_job.py", args)
-    assert "replayed=1" in out, out
-    assert actual(tmp_path) == expected(frames, "nothing", True)
+    run = crashed("conflict")
+    assert run.status == "committed conflict 2", run.status
+    report = run.resume(spark)
+    assert (report.batches, report.replayed_batches) == (2, 1)
+    assert actual(run.directory) == expected(file_frames(FILES), "nothing", True)

@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from changelog_data import load_fixture, set_arrival, to_frame
-from kill_restart import crash_in_batch, restart
+from kill_restart import Crash
 from long_variants import long_only
 from spark_changelog.api import ChangelogStream
 from spark_changelog.auto_cdc import auto_cdc_stream, create_auto_cdc_flow
@@ -79,38 +79,50 @@ def test_streaming_history_into_delta_after_every_micro_batch(spark, tmp_path):
     assert report.operators["ScdType2History"]["superseded"] == 1   # the repeated +I
 
 
+def _prepare_pg(d, fixture):
+    _write_files(d / "in")
+    return [d / "in", fixture("pg_server").create_database("test_scd2_history"), "history", d / "ck"]
+
+
+def _prepare_delta(d, fixture):
+    _write_files(d / "in")
+    return [d / "in", "delta", d / "history", d / "ck"]
+
+
+#: SIGKILL inside batch 1, its sinks written, Spark's commit not
+CRASHES = {"history_pg": Crash("history", _prepare_pg, hang_after=1),
+           "history_delta": Crash("history", _prepare_delta, hang_after=1)}
+
+
 @pytest.mark.postgres
 @pytest.mark.slow
-def test_kill_and_restart_into_postgres_is_exact(tmp_path, pg_server):
-    conninfo = pg_server.create_database("test_scd2_history")
-    _write_files(tmp_path / "in")
-    args = [tmp_path / "in", conninfo, "history", tmp_path / "ck"]
+@pytest.mark.shared_crash("history_pg")
+def test_kill_and_restart_into_postgres_is_exact(spark, crashed):
+    run = crashed("history_pg")
+    assert run.status == "committed history_pg 1", run.status
+    conninfo = run.args[1]
 
     def pg_rows():
         with psycopg.connect(conninfo) as c:
             return [list(r) for r in c.execute(
                 "SELECT id, name, city, \"__START_AT\", \"__END_AT\" FROM history "
                 "ORDER BY id, \"__START_AT\"").fetchall()]
-    crash_in_batch("history_job.py", args, 1)
     assert pg_rows() == _expected(1)
-    out = restart("history_job.py", args)
-    assert "replayed=1" in out, out
+    assert run.resume(spark).replayed_batches == 1
     assert pg_rows() == _expected(BATCHES - 1)
 
 
 @pytest.mark.slow
 @long_only("a kill -9 and restart into Delta")
-def test_kill_and_restart_into_delta_is_exact(tmp_path):
+@pytest.mark.shared_crash("history_delta")
+def test_kill_and_restart_into_delta_is_exact(spark, crashed):
     """The same crash with a Delta history table (the default suite has the
     PostgreSQL one; both sinks skip a replayed batch the same way)."""
-    _write_files(tmp_path / "in")
-    table = str(tmp_path / "history")
-    args = [tmp_path / "in", "delta", table, tmp_path / "ck"]
-    crash_in_batch("history_job.py", args, 1)
-    assert _rows(read_table(table)) == _expected(1)
-    out = restart("history_job.py", args)
-    assert "replayed=1" in out, out
-    assert _rows(read_table(table)) == _expected(BATCHES - 1)
+    run = crashed("history_delta")
+    assert run.status == "committed history_delta 1", run.status
+    assert _rows(read_table(run.args[2])) == _expected(1)
+    assert run.resume(spark).replayed_batches == 1
+    assert _rows(read_table(run.args[2])) == _expected(BATCHES - 1)
 
 
 def _dbz(op, before, after, lsn):

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from kill_restart import Crash
 from spark_changelog.cli import main
 from spark_changelog.runtime.checkpoint import check_checkpoint
 from test_old_checkpoints import _copy_fixture
@@ -93,28 +94,24 @@ def test_not_a_checkpoint(tmp_path):
         check_checkpoint(str(tmp_path / "nope"))
 
 
-def test_a_checkpoint_broken_by_a_dropped_replay_is_reported_by_the_query_and_by_check(spark, tmp_path):
-    """The issue's damage, made on purpose: Hadoop's FileSystem checkpoint
-    manager (which local sessions used before) keeps the first attempt's state
-    file when batch 1 is replayed, and the replay computes other runs (its
-    input file was rewritten, as a non-deterministic replay would).  Batch 2
-    touches one key: its run goes on top of the replay's merged run, which the
-    run list then names but no file on disk holds.  The next run (a new
-    process: a worker's cache must not hold the run) stops with one message
-    naming checkpoint, operator, key group and batch; ``check`` names the same
-    run and the dropped write."""
-    import re
-    import subprocess
-    import sys
-
+def _break_by_a_dropped_replay(d, fixture):
+    """The issue's damage, made on purpose in this process: Hadoop's
+    FileSystem checkpoint manager (which local sessions used before) keeps
+    the first attempt's state file when batch 1 is replayed, and the replay
+    computes other runs (its input file was rewritten, as a
+    non-deterministic replay would).  Batch 2 touches one key: its run goes
+    on top of the replay's merged run, which the run list then names but no
+    file on disk holds.  Then the fourth file arrives, for the next run."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from changelog_data import to_frame
-    from kill_restart import ARROW, COLS as KCOLS, FILES, JOBS
+    from crash_pipelines import retrying
+    from kill_restart import ARROW, COLS as KCOLS, FILES
     from spark_changelog.api import ChangelogStream
 
-    src, out = tmp_path / "in", tmp_path / "out"
+    spark = fixture("spark")
+    src, out = d / "in", d / "out"
     ck = out / "ck"
     os.makedirs(src)
 
@@ -123,7 +120,7 @@ def test_a_checkpoint_broken_by_a_dropped_replay_is_reported_by_the_query_and_by
                        src / f"part-{i:04d}.parquet")
 
     def run():
-        """tests/jobs/normalize_job.py's pipeline, in this process, one key group."""
+        """tests/crash_pipelines.py's normalize, one key group."""
         df = (spark.readStream.format("parquet").option("maxFilesPerTrigger", 1)
               .schema("id BIGINT, name STRING, score BIGINT, _kind TINYINT, _seq BIGINT").load(str(src)))
         ChangelogStream.from_dataframe(df, primary_key=["id"]).normalize(key_groups=1).write_upsert(
@@ -135,23 +132,35 @@ def test_a_checkpoint_broken_by_a_dropped_replay_is_reported_by_the_query_and_by
     try:
         put(0, FILES[0])
         put(1, FILES[1])
-        run()
+        retrying(run)
         for name in os.listdir(ck / "main" / "commits"):
             if name.lstrip(".").split(".")[0] == "1":
                 os.remove(ck / "main" / "commits" / name)
         put(1, [[k, [v[0], v[1] + "x", v[2]], s] for k, v, s in FILES[1]])
         put(2, FILES[2][2:])
-        run()
+        retrying(run)
     finally:
         spark.conf.unset(manager)
     put(3, FILES[3])
-    env = dict(os.environ, KEY_GROUPS="1",
-               PYTHONPATH=os.pathsep.join([os.path.dirname(JOBS)] + sys.path))
-    job = subprocess.run([sys.executable, os.path.join(JOBS, "normalize_job.py"), str(src), str(out / "table"),
-                          str(ck), str(out / "log")], env=env, capture_output=True, text=True, timeout=900)
-    assert job.returncode != 0, job.stdout
-    m = re.search(r"DamagedCheckpoint: (.*\n.*)", job.stderr)
-    assert m, job.stderr[-3000:]
+    return [src, out / "table", ck, out / "log", 1]
+
+
+#: the next run of the damaged checkpoint is a new process (a worker's cache
+#: must not hold the run): the shared crash process, run to its failure
+CRASHES = {"dropped_replay": Crash("normalize", _break_by_a_dropped_replay, hang_after=None)}
+
+
+@pytest.mark.shared_crash("dropped_replay")
+def test_a_checkpoint_broken_by_a_dropped_replay_is_reported_by_the_query_and_by_check(spark, crashed):
+    """The issue's damage (``_break_by_a_dropped_replay``): the next run stops
+    with one message naming checkpoint, operator, key group and batch;
+    ``check`` names the same run and the dropped write."""
+    import re
+
+    run = crashed("dropped_replay")
+    ck = run.args[2]
+    m = re.search(r"DamagedCheckpoint: (.*\n.*)", run.failure())
+    assert m, run.failure()[-3000:]
     message = m.group(1)
     assert re.fullmatch(
         rf"error: checkpoint {ck}/main: the checkpoint is damaged: operator ChangelogNormalize, key "

@@ -1,6 +1,6 @@
 """A checkpoint written before run ids were digests (random ids, issue #26)
 resumes: tests/fixtures/checkpoints/random_run_ids holds the table, emitted
-changelog and checkpoint of tests/jobs/normalize_job.py after the first two
+changelog and checkpoint of the normalize job (now tests/crash_pipelines.py) after the first two
 of kill_restart's four files, made by the code of that time in
 /tmp/replay-fx (its absolute paths are rewritten here).  Resuming over all
 four files gives the table and changelog of one uninterrupted run."""

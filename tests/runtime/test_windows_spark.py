@@ -8,6 +8,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
+from kill_restart import Crash
 from spark_changelog.sinks.delta import read_table
 from windows_data import (IDLE_FILES, M, S, local_reference, spark_fired, spark_late,
                           window_stream, write_files)
@@ -77,25 +78,32 @@ def test_partition_stops_and_resumes_idleness(spark, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def _prepare_crash(d, fixture):
+    write_files(d / "in", IDLE_FILES)
+    return [d / "in", d / "table", d / "ck", d / "log", d / "late"]
+
+
+#: SIGKILL inside batch 2 (B's late click), its sinks written, Spark's commit not
+CRASHES = {"window": Crash("window", _prepare_crash, hang_after=2)}
+
+
 @pytest.mark.slow
-def test_kill_and_restart_fires_no_window_twice(tmp_path):
+@pytest.mark.shared_crash("window")
+def test_kill_and_restart_fires_no_window_twice(spark, crashed):
     """SIGKILL inside batch 2 (B's late click; its sinks written, Spark has not
     logged the batch), restart from the checkpoint: the per-partition
     watermarks, idleness clocks and open windows come back from the state
     store, the replayed batch uses the same batch timestamp, so the changelog
     and the late output equal the reference run's exactly."""
-    from kill_restart import crash_in_batch, restart
-    write_files(tmp_path / "in", IDLE_FILES)
-    args = [tmp_path / "in", tmp_path / "table", tmp_path / "ck", tmp_path / "log",
-            tmp_path / "late"]
-    crash_in_batch("window_job.py", args, 2)
-    out = restart("window_job.py", args)
-    assert "replayed=1" in out, out
+    run = crashed("window")
+    assert run.status == "committed window 2", run.status
+    report = run.resume(spark)
+    assert (report.batches, report.replayed_batches) == (2, 1)
     want_fired, want_late = local_reference(IDLE_FILES)
-    assert spark_fired(tmp_path / "log") == want_fired
-    assert spark_late(tmp_path / "late") == want_late
-    assert table_rows(tmp_path / "table") == [("u1", 0, 1), ("u1", 60, 2), ("u2", 0, 1),
-                                              ("u3", 60, 1)]
+    assert spark_fired(run.directory / "log") == want_fired
+    assert spark_late(run.directory / "late") == want_late
+    assert table_rows(run.directory / "table") == [("u1", 0, 1), ("u1", 60, 2), ("u2", 0, 1),
+                                                   ("u3", 60, 1)]
 
 
 def test_window_table_function_alone(spark):

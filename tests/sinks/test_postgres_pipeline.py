@@ -7,11 +7,20 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from kill_restart import AFTER_BATCH_1, EXPECTED_TABLE, crash_in_batch, restart, write_input
+from kill_restart import AFTER_BATCH_1, EXPECTED_TABLE, Crash, write_input
 
 pytestmark = pytest.mark.postgres
 
 TABLE = "customers_crash"
+
+
+def _prepare(d, fixture):
+    write_input(d / "in")
+    return [d / "in", fixture("pg_server").create_database("test_postgres_pipeline"), TABLE, d / "ck"]
+
+
+#: hang inside batch 1 after the PostgreSQL commit, then SIGKILL the whole job
+CRASHES = {"normalize_pg": Crash("normalize_pg", _prepare, hang_after=1)}
 
 
 def _rows(conninfo):
@@ -20,13 +29,11 @@ def _rows(conninfo):
 
 
 @pytest.mark.slow
-def test_kill_after_pg_commit_and_restart_skips_replay(tmp_path, pg_server):
-    conninfo = pg_server.create_database("test_postgres_pipeline")
-    write_input(tmp_path / "in")
-    args = [tmp_path / "in", conninfo, TABLE, tmp_path / "ck"]
-
-    # crash: hang inside batch 1 after the PostgreSQL commit, then SIGKILL the whole job
-    crash_in_batch("pg_job.py", args, 1)
+@pytest.mark.shared_crash("normalize_pg")
+def test_kill_after_pg_commit_and_restart_skips_replay(spark, crashed):
+    run = crashed("normalize_pg")
+    assert run.status == "committed normalize_pg 1", run.status
+    conninfo = run.args[1]
     assert _rows(conninfo) == AFTER_BATCH_1
     with psycopg.connect(conninfo) as c:
         (query_id, recorded), = c.execute(
@@ -34,10 +41,10 @@ def test_kill_after_pg_commit_and_restart_skips_replay(tmp_path, pg_server):
             (f"public.{TABLE}",)).fetchall()
     assert recorded == 1
 
-    out = restart("pg_job.py", args)
+    report = run.resume(spark)
     # Spark replays batch 1 (its commit was never logged): the PostgreSQL sink skips it
     # this run: batch 1 (replayed, skipped), 2 and 3
-    assert "finished batches=3 replayed=1 " in out, out
+    assert (report.batches, report.replayed_batches) == (3, 1)
     assert _rows(conninfo) == EXPECTED_TABLE
     with psycopg.connect(conninfo) as c:
         assert c.execute("SELECT query_id, batch_id FROM spark_changelog_progress WHERE sink_table = %s",
