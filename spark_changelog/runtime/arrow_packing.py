@@ -28,11 +28,22 @@ def packed_schema(group_col: str) -> pa.Schema:
     return pa.schema([pa.field(group_col, pa.int32()), pa.field(PACKED_COL, pa.binary())])
 
 
+#: a table at least this large (Arrow buffer bytes) is packed LZ4-compressed,
+#: a smaller one as it is: LZ4 costs a fixed ~0.2-1 ms per blob and per
+#: unpacking (a frame per column buffer), against ~0.02-0.04 ms uncompressed,
+#: and a small micro-batch packs one small blob per key group and input
+#: partition (docs/runtime.md, "Packed key groups")
+COMPRESS_FROM_BYTES = 64 * 1024
+_LZ4 = pa.ipc.IpcWriteOptions(compression="lz4")
+_PLAIN = pa.ipc.IpcWriteOptions()
+
+
 def pack(table: pa.Table) -> bytes:
-    """``table`` as one LZ4-compressed Arrow IPC stream."""
+    """``table`` as one Arrow IPC stream, LZ4-compressed from
+    :data:`COMPRESS_FROM_BYTES` (:func:`unpack` reads either)."""
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema,
-                           options=pa.ipc.IpcWriteOptions(compression="lz4")) as w:
+    options = _LZ4 if table.nbytes >= COMPRESS_FROM_BYTES else _PLAIN
+    with pa.ipc.new_stream(sink, table.schema, options=options) as w:
         w.write_table(table)
     return sink.getvalue().to_pybytes()
 

@@ -16,7 +16,7 @@ import pytest
 
 from spark_changelog.model import KIND_COL, METRICS_COL, METRICS_KIND, SEQ_COL
 from spark_changelog.operators.normalize import ChangelogNormalize
-from spark_changelog.runtime.arrow_packing import pack_groups, unpack
+from spark_changelog.runtime.arrow_packing import COMPRESS_FROM_BYTES, pack, pack_groups, unpack
 from spark_changelog.runtime.spark_keyed import apply_keyed
 
 SCHEMA = pa.schema([pa.field("id", pa.int64()), pa.field("v", pa.string()),
@@ -66,6 +66,21 @@ def test_pack_groups_round_trip_keeps_each_groups_rows_in_order():
         -1: [1, 5], 0: [3, 6], 3: [0, 2, 7, 9], 7: [4, 8]}
     assert unpack([packed[3][1], packed[0][1]]).column("x").to_pylist() == [4, 8, 1, 5]
     assert list(pack_groups(t.slice(0, 0), np.zeros(0, np.int32))) == []
+
+
+def test_small_blobs_are_not_compressed_and_large_ones_are():
+    """LZ4's fixed cost per blob is most of a small micro-batch's packing."""
+    small = pa.table({"x": list(range(100))})
+    large = pa.table({"x": list(range(100_000)), "s": ["same text"] * 100_000})
+    assert small.nbytes < COMPRESS_FROM_BYTES <= large.nbytes
+    for t in (small, large):
+        blob = pack(t)
+        assert unpack([blob]).equals(t)
+        assert (len(blob) < t.nbytes / 2) == (t is large)     # compressed only the large one
+    # a plain and a compressed blob of one key group unpack together
+    big = pa.table({"x": list(range(20_000))})
+    assert big.nbytes >= COMPRESS_FROM_BYTES
+    assert unpack([pack(small), pack(big)]).column("x").to_pylist() == list(range(100)) + list(range(20_000))
 
 
 @pytest.mark.parametrize("fold", [True, False], ids=["folded", "every-version"])
