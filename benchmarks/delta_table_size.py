@@ -3,6 +3,7 @@ table's size (docs/sinks.md, "Speed").
 
     scripts/bench delta-table-size [--tables 100000,1000000,10000000] [--batch 100000]
                                    [--shapes new_keys,recent_keys,random_updates] [--repeat 3]
+                                   [--layouts deletion-vectors,merge]
 
 For each table size T a table of T rows (id 0..T-1, a 40-character name, a
 score) is written by the sink itself (its first batch: an append into the
@@ -15,6 +16,18 @@ key, decision, commit with the batch id), each on a fresh copy of the table:
   events);
 * ``recent_keys``: B updates of the table's newest keys (key-local updates);
 * ``random_updates``: B updates of keys drawn uniformly over the table.
+
+Two batches go into each copy, one after the other, both timed: the
+``cold`` one by a sink just opened, the ``warm`` one after it, as the
+micro-batches of a running query (a process keeps the key columns it read,
+docs/sinks.md "Updates and deletes: deletion vectors").
+
+Each in two layouts, in the same run: ``deletion-vectors`` (the sink's
+default: updates and deletes become deletion vectors, docs/sinks.md
+"Updates and deletes: deletion vectors"; committed here from the driver with
+one partition, the code each executor runs for its keys) and ``merge`` (a
+table without the deletion-vector feature, ``deletion_vectors=False``: a
+delta-rs MERGE rewriting every file it touches), the reference.
 
 The issue's bar: time per batch grows by less than 2x from the smallest to
 the largest table.  Printed and written to
@@ -49,13 +62,15 @@ def rows(ids, kind: int, seq0: int):
                      "_seq": pa.array(np.arange(seq0, seq0 + len(ids), dtype=np.int64))})
 
 
-def batch_ids(shape: str, table_rows: int, batch: int):
+def batch_ids(shape: str, table_rows: int, batch: int, nth: int = 0):
+    """The keys of the ``nth`` batch of a shape (new keys above the last
+    batch's, the same newest keys again, other random keys)."""
     import numpy as np
     if shape == "new_keys":
-        return np.arange(table_rows, table_rows + batch)
+        return np.arange(table_rows + nth * batch, table_rows + (nth + 1) * batch)
     if shape == "recent_keys":
         return np.arange(table_rows - batch, table_rows)
-    return np.sort(np.random.default_rng(7).choice(table_rows, size=batch, replace=False))
+    return np.sort(np.random.default_rng(7 + nth).choice(table_rows, size=batch, replace=False))
 
 
 def main() -> None:
@@ -69,45 +84,56 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=100_000)
     ap.add_argument("--shapes", default="new_keys,recent_keys,random_updates")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--layouts", default="deletion-vectors,merge")
     args = ap.parse_args()
     schema = pa.schema([("id", pa.int64()), ("name", pa.string()), ("score", pa.int64())])
     work = tempfile.mkdtemp(prefix="delta-table-size-")
     results = []
     try:
-        for table_rows in (int(t) for t in args.tables.split(",")):
+        for table_rows, layout in ((int(t), lay) for t in args.tables.split(",")
+                                   for lay in args.layouts.split(",")):
+            dv = layout == "deletion-vectors"
             base = os.path.join(work, f"base-{table_rows}")
             t = time.perf_counter()
-            sink = DeltaUpsertSink(base, ["id"], schema)
+            sink = DeltaUpsertSink(base, ["id"], schema, deletion_vectors=dv)
             sink.write_arrow_batch(rows(range(table_rows), 0, 0), query_id="load", batch_id=0)
             sink.optimize()
-            print(f"table of {table_rows:,} rows written and optimized in {time.perf_counter() - t:.1f} s",
-                  flush=True)
+            print(f"{layout}: table of {table_rows:,} rows written and optimized in "
+                  f"{time.perf_counter() - t:.1f} s", flush=True)
             for shape in args.shapes.split(","):
                 kind = 0 if shape == "new_keys" else 2
-                secs, writes = [], set()
+                secs, warm, writes = [], [], set()
                 for r in range(args.repeat):
                     path = os.path.join(work, f"run-{table_rows}-{shape}-{r}")
                     shutil.copytree(base, path)
-                    s = DeltaUpsertSink(path, ["id"], schema)
-                    b = rows(batch_ids(shape, table_rows, args.batch), kind, table_rows + 1)
+                    s = DeltaUpsertSink(path, ["id"], schema, deletion_vectors=dv)
                     load = machine_load()
-                    t = time.perf_counter()
-                    out = s.write_arrow_batch(b, query_id="bench", batch_id=r)
-                    secs.append(time.perf_counter() - t)
-                    writes.add(out.get("write"))
+                    for nth, times in enumerate((secs, warm)):
+                        b = rows(batch_ids(shape, table_rows, args.batch, nth), kind,
+                                 table_rows + 1 + nth * args.batch)
+                        t = time.perf_counter()
+                        out = s.write_arrow_batch(b, query_id="bench", batch_id=nth)
+                        times.append(time.perf_counter() - t)
+                        writes.add(out.get("write"))
                     shutil.rmtree(path)
-                res = {"table_rows": table_rows, "batch_rows": args.batch, "shape": shape,
+                res = {"layout": layout, "table_rows": table_rows, "batch_rows": args.batch, "shape": shape,
                        "seconds": [round(x, 3) for x in secs], "median_s": round(statistics.median(secs), 3),
+                       "warm_seconds": [round(x, 3) for x in warm],
+                       "warm_median_s": round(statistics.median(warm), 3),
                        "write": sorted(w for w in writes if w), "load": load}
                 print(json.dumps(res), flush=True)
                 results.append(res)
             shutil.rmtree(base)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    by = {(r["shape"], r["table_rows"]): r["median_s"] for r in results}
     sizes = sorted({r["table_rows"] for r in results})
-    growth = {shape: round(by[(shape, sizes[-1])] / by[(shape, sizes[0])], 2)
-              for shape in args.shapes.split(",") if len(sizes) > 1}
+    growth = {}
+    for when, field in (("cold", "median_s"), ("warm", "warm_median_s")):
+        by = {(r["layout"], r["shape"], r["table_rows"]): r[field] for r in results}
+        growth.update({f"{layout} {shape} {when}":
+                       round(by[(layout, shape, sizes[-1])] / by[(layout, shape, sizes[0])], 2)
+                       for layout in args.layouts.split(",") for shape in args.shapes.split(",")
+                       if len(sizes) > 1})
     print(f"growth of the time per batch from {sizes[0]:,} to {sizes[-1]:,} rows: {growth} (bar: < 2)")
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H%M%S+0000")
     path = os.path.join(ROOT, "benchmarks", "results", f"delta-table-size-{stamp}.json")

@@ -1,17 +1,22 @@
-"""Benchmark: the driver's peak memory while a batch of N rows goes into the
-PostgreSQL upsert sink (docs/runtime.md, "Sink writers on the executors").
+"""Benchmark: the driver's peak memory while a batch of N rows goes into an
+upsert sink (docs/runtime.md, "Sink writers on the executors").
 
     scripts/bench driver-memory [--rows 1000000,10000000] [--paths staged,collect]
+                                [--sink postgres|delta]
 
 Each (rows, path) runs as its own process (``local[2]``, the pipeline's
 ``BatchHandler.run``, the step every micro-batch takes), writing N generated
-changes (+I of N keys: id, a 40-character name, a score) into a new table:
+changes (+I of N keys: id, a 40-character name, a score) into a new table;
+with ``--sink delta`` then a second batch of N updates of those keys (+U,
+applied with deletion vectors, docs/sinks.md):
 
 * ``staged``: the sink writers stage the batch on the executors (COPY into the
-  batch's staging table), only counts come back, the driver commits;
-* ``collect``: the reference in the same run, the path the Delta sink and a
-  changelog output still take: the batch collected as Arrow on the driver
-  (``toArrow()``), then written from there.
+  batch's staging table; Delta: data files, and the updated rows' positions),
+  only counts (and Delta's positions, as RoaringBitmaps) come back, the
+  driver commits;
+* ``collect``: the reference in the same run, the path a changelog output
+  still takes: the batch collected as Arrow on the driver (``toArrow()``),
+  then written from there.
 
 Peak memory is Linux's high-water mark of resident memory (``VmHWM``) of the
 driver's Python process and of its JVM (which, on ``local[2]``, also hosts the
@@ -74,6 +79,7 @@ def jvm_pid() -> int:
 
 
 def child(rows: int, path: str, conninfo: str) -> None:
+    """``conninfo``: a PostgreSQL connection string, or ``delta:<directory>``."""
     import pyarrow as pa
     from pyspark.sql import functions as F
 
@@ -83,7 +89,7 @@ def child(rows: int, path: str, conninfo: str) -> None:
     from spark_changelog.sinks.postgres import PostgresUpsertSink
 
     class Collected(UpsertSink):
-        """The PostgreSQL sink without its staged writer: the batch is collected."""
+        """The sink without its staged writer: the batch is collected."""
 
         def __init__(self, inner):
             self.inner, self.key = inner, inner.key
@@ -104,20 +110,31 @@ def child(rows: int, path: str, conninfo: str) -> None:
         (F.col("id") % 1000).alias("score"),
         F.lit(0).cast("tinyint").alias("_kind"), F.col("id").alias("_seq"))
     schema = pa.schema([("id", pa.int64()), ("name", pa.string()), ("score", pa.int64())])
-    sink = PostgresUpsertSink(conninfo, f"mem_{path}_{rows}", ["id"], schema)
+    if conninfo.startswith("delta:"):
+        from spark_changelog.sinks.delta import DeltaUpsertSink
+        sink = DeltaUpsertSink(os.path.join(conninfo[len("delta:"):], f"mem_{path}_{rows}"), ["id"], schema)
+        batches = [df, df.withColumn("_kind", F.lit(2).cast("tinyint")).withColumn("name", F.lit("updated"))]
+    else:
+        sink = PostgresUpsertSink(conninfo, f"mem_{path}_{rows}", ["id"], schema)
+        batches = [df]
     before = {"python_mb": vm_hwm_mb(os.getpid()), "jvm_mb": vm_hwm_mb(jvm)}
     t = time.perf_counter()
-    report = ChangelogStream.from_dataframe(df, primary_key=["id"]).write_upsert(
-        sink if path == "staged" else Collected(sink))
+    writes: dict = {}
+    for batch in batches:
+        report = ChangelogStream.from_dataframe(batch, primary_key=["id"]).write_upsert(
+            sink if path == "staged" else Collected(sink))
+        assert report.upserted == rows, report
+        for k, v in report.sink_writes.items():
+            writes[k] = writes.get(k, 0) + v
     secs = time.perf_counter() - t
-    assert report.upserted == rows, report
     print(json.dumps({"rows": rows, "path": path, "seconds": round(secs, 1),
                       "python_peak_mb": round(vm_hwm_mb(os.getpid()), 1),
                       "jvm_peak_mb": round(vm_hwm_mb(jvm), 1),
                       "python_peak_before_mb": round(before["python_mb"], 1),
                       "jvm_peak_before_mb": round(before["jvm_mb"], 1),
-                      "sink_writes": report.sink_writes}), flush=True)
-    sink.close()
+                      "sink_writes": writes}), flush=True)
+    if hasattr(sink, "close"):
+        sink.close()
     spark.stop()
 
 
@@ -125,18 +142,23 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", default="1000000,10000000")
     ap.add_argument("--paths", default="staged,collect")
+    ap.add_argument("--sink", choices=["postgres", "delta"], default="postgres")
     ap.add_argument("--child", nargs=3, metavar=("ROWS", "PATH", "CONNINFO"))
     args = ap.parse_args()
     if args.child:
         child(int(args.child[0]), args.child[1], args.child[2])
         return
+    import shutil
+    import tempfile
+
     from pgcdc import server
     from whole_job import machine_load, run_process
-    pg = server()
+    pg = server() if args.sink == "postgres" else None
+    work = tempfile.mkdtemp(prefix="driver-memory-")
     log = os.environ.get("SPARK_CHANGELOG_LOG", "/tmp/spark-changelog.log")
     results = []
     try:
-        conninfo = pg.create_database("driver_memory")
+        conninfo = pg.create_database("driver_memory") if pg else f"delta:{work}"
         for rows in (int(r) for r in args.rows.split(",")):
             for path in args.paths.split(","):
                 load = machine_load()
@@ -146,11 +168,14 @@ def main() -> None:
                 print(json.dumps(r), flush=True)
                 results.append(r)
     finally:
-        pg.stop()
+        if pg:
+            pg.stop()
+        shutil.rmtree(work, ignore_errors=True)
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H%M%S+0000")
     out = os.path.join(ROOT, "benchmarks", "results", f"driver-memory-{stamp}.json")
     with open(out, "w") as f:
-        json.dump({"benchmark": "driver-memory", "master": "local[2]", "results": results}, f, indent=1)
+        json.dump({"benchmark": "driver-memory", "sink": args.sink, "master": "local[2]", "results": results},
+                  f, indent=1)
     print(f"results: {out}")
 
 

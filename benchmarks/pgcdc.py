@@ -177,8 +177,8 @@ def throughput(pg, args, work, log) -> dict:
           f"micro-batches ended at {', '.join(f'{e:.1f}' for e in job['batch_ends_s'])} s")
     print(f"  => ours (query) / pg_recvlogical: {out['pg_recvlogical_s'] / job['query_s']:.2f} of "
           "the ceiling's rate")
-    from deltalake import DeltaTable
-    got = DeltaTable(spec["delta"]).to_pandas()
+    from spark_changelog.sinks.delta import read_arrow_table
+    got = read_arrow_table(spec["delta"]).to_pandas()
     want = sql(conninfo, "SELECT count(*), sum(v) FROM bench")[0]
     out["table_equal"] = bool(len(got) == want[0] and int(got["v"].sum()) == int(want[1]))
     print(f"  Delta table equals the PostgreSQL table (rows, sum): {out['table_equal']}")

@@ -243,9 +243,11 @@ def ours_child(spec_path: str) -> None:
 
 def delta_fingerprint(path: str, cols: list[str]) -> list[int]:
     from deltalake import DeltaTable
+
+    from spark_changelog.sinks.delta import read_arrow_table
     if not DeltaTable.is_deltatable(path):      # a job that emitted nothing
         return [0] + [0 for _ in cols]
-    df = DeltaTable(path).to_pandas()
+    df = read_arrow_table(path).to_pandas()
     return [len(df)] + [int(df[c].astype("int64").sum()) for c in cols]
 
 

@@ -205,8 +205,8 @@ def machine_load() -> str:
 
 def final_table(path: str):
     """The (id, g, v) rows of a Delta table, sorted by id (to compare results)."""
-    from deltalake import DeltaTable
-    return DeltaTable(path).to_pandas().sort_values("id").reset_index(drop=True)[["id", "g", "v"]]
+    from spark_changelog.sinks.delta import read_arrow_table
+    return read_arrow_table(path).to_pandas().sort_values("id").reset_index(drop=True)[["id", "g", "v"]]
 
 
 def input_arguments(ap, events: int = 1_000_000, ids: int = 100_000) -> None:

@@ -95,11 +95,32 @@ def delta_snapshots(spark, path: str, versions: Optional[Sequence[int]] = None,
         schema = pa.schema(dt.schema().to_arrow())
         files = dt.file_uris()
         if files:
-            frames.append(spark.read.parquet(*files).select(*schema.names))
+            frames.append(_without_deleted_rows(spark, dt, spark.read.parquet(*files), schema.names))
         else:
             from pyspark.sql.pandas.types import from_arrow_schema
             frames.append(spark.createDataFrame([], from_arrow_schema(schema)))
     return frames, versions
+
+
+def _without_deleted_rows(spark, dt, rows, names):
+    """The rows of a version's files less those its deletion vectors delete
+    (docs/sinks.md, "Updates and deletes: deletion vectors"): an anti join
+    on (file name, row position in the file); the deleted positions come
+    from delta-rs' selection vectors."""
+    import numpy as np
+    import pyarrow as pa
+    from pyspark.sql import functions as F
+    if "deletionVectors" not in (dt.protocol().reader_features or []):
+        return rows.select(*names)
+    deleted = [(r["filepath"].rsplit("/", 1)[-1], int(i))
+               for r in pa.table(dt.deletion_vectors()).to_pylist()
+               for i in np.flatnonzero(~np.asarray(r["selection_vector"], dtype=bool))]
+    if not deleted:
+        return rows.select(*names)
+    dead = spark.createDataFrame(deleted, "__file string, __row long")
+    located = rows.select(*names, F.element_at(F.split(F.col("_metadata.file_path"), "/"), -1).alias("__file"),
+                          F.col("_metadata.row_index").alias("__row"))
+    return located.join(F.broadcast(dead), ["__file", "__row"], "left_anti").select(*names)
 
 
 __all__ = ["snapshot_changelog", "delta_snapshots"]

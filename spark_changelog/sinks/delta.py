@@ -6,15 +6,19 @@ One micro-batch becomes exactly one Delta commit (docs/sinks.md):
    batch is converted once) is checked and reduced to the net change of each
    primary key (``kernels.last_change_per_key``: the last change by ``_seq``,
    retractions before additions at equal ``_seq``), vectorized, no pandas;
-2. one ``MERGE`` on the primary key applies it: matched + net retraction
-   (``-U``/``-D``) -> delete, matched + net ADD (``+I``/``+U``) -> update all
-   columns, not matched + ADD -> insert.  A retraction of a key that is not in
-   the table does nothing (it is counted as ``missing_deletes``).  Where an
-   append of the net additions is provably the same (the table has no data
-   file; or the stream emits each key once and this query is the table's
-   only writer, ``keys_emitted_once``), the additions are appended instead,
-   committed only on top of the version the decision read (docs/sinks.md,
-   "Appends instead of MERGE");
+2. it is applied on the primary key: matched + net retraction (``-U``/``-D``)
+   -> delete, matched + net ADD (``+I``/``+U``) -> update all columns, not
+   matched + ADD -> insert.  A retraction of a key that is not in the table
+   does nothing (it is counted as ``missing_deletes``).  On a table with
+   deletion vectors (the default for new tables) the old rows' positions go
+   into deletion vectors and the new rows into new files
+   (:class:`StagedUpsert`, written by the executors; docs/sinks.md,
+   "Updates and deletes: deletion vectors"); on a table without, one delta-rs
+   ``MERGE``.  Where an append of the net additions is provably the same (the
+   table has no data file; or the stream emits each key once and this query
+   is the table's only writer, ``keys_emitted_once``), the additions are
+   appended instead, committed only on top of the version the decision read
+   (docs/sinks.md, "Appends instead of MERGE");
 3. the commit carries a Delta *application transaction* (``txn`` action)
    ``appId = query_id, version = batch_id``.  Before writing, the sink reads the
    table's last version for ``query_id`` and skips a batch whose id is ``<=``
@@ -45,7 +49,7 @@ Decisions
   with ``pa.Table.from_pandas(..., schema=...)``), so a ``bigint`` column that
   pandas turned into ``float64`` because of nulls is written back as ``int64``
   (a non-integral float or an overflow is an error, never silently changed).
-* **Performance**: ``MERGE`` runs with ``streamed_exec=False``: the batch is
+* **Performance** (tables without deletion vectors): ``MERGE`` runs with ``streamed_exec=False``: the batch is
   already in memory, and this lets delta-rs derive a pruning predicate from the
   batch's key range, so files whose key range the batch does not touch are
   neither read nor rewritten (measured: 100k new keys into a 5M-row table of
@@ -65,6 +69,8 @@ Decisions
 """
 from __future__ import annotations
 
+import collections
+import contextlib
 import json
 import os
 import time
@@ -78,6 +84,8 @@ from ..model import KIND_COL, METADATA_COLUMNS, SEQ_COL, as_key
 from ..model.rowkind import IS_ADD
 from ..operators.kernels import arrow_key_arrays, last_change_per_key
 from .base import UpsertSink, check_kinds
+from .delta_log import (CommitTaken, LiveFiles, commit_next_version, local_table_dir, read_deletion_vector,
+                        write_deletion_vectors)
 
 PRIMARY_KEY_PROPERTY = "spark_changelog.primary_key"
 #: ``delta.targetFileSize`` given to tables the sink creates, unless configured.
@@ -88,7 +96,8 @@ _QUERY_ID_META = "spark_changelog.query_id"
 #: appends tried before a MERGE when other commits keep taking the next version
 _APPEND_ATTEMPTS = 3
 
-__all__ = ["DeltaUpsertSink", "DeltaSinkSchemaError", "StagedAppend", "PRIMARY_KEY_PROPERTY", "compact_table",
+__all__ = ["DeltaUpsertSink", "DeltaSinkSchemaError", "StagedAppend", "StagedUpsert", "PRIMARY_KEY_PROPERTY",
+           "compact_table",
            "read_table", "table_key"]
 
 
@@ -159,7 +168,14 @@ def read_arrow_table(path: "str | os.PathLike", storage_options: Optional[dict] 
     """:func:`read_table` as Arrow (exact values of every type, nested ones too)."""
     dt = _open(os.fspath(path), storage_options)
     key = _recorded_key(dt)
-    tbl = dt.to_pyarrow_table()
+    if "deletionVectors" in (dt.protocol().reader_features or []):
+        # delta-rs 1.6.6's ``to_pyarrow_table`` refuses deletion vectors; its
+        # DataFusion scan applies them (its text columns come as string views)
+        dl = _deltalake()
+        tbl = pa.table(dl.QueryBuilder().register("t", dt).execute("SELECT * FROM t")).cast(
+            pa.schema(dt.schema().to_arrow()))
+    else:
+        tbl = dt.to_pyarrow_table()
     if key:
         tbl = tbl.sort_by([(k, "ascending") for k in key])
     return tbl
@@ -190,10 +206,13 @@ def compact_table(path: "str | os.PathLike", *, vacuum_hours: Optional[int] = No
 
 
 class DeltaUpsertSink(UpsertSink):
-    """Upsert sink writing the net change of each micro-batch with one Delta MERGE.
+    """Upsert sink writing the net change of each micro-batch in one Delta commit.
 
     ``schema`` is the Arrow schema of the data columns (no ``_kind``/``_seq``).
-    The table is created on first use; an existing table must have the same
+    The table is created on first use, with the ``deletionVectors`` feature
+    unless ``deletion_vectors=False`` (then protocol 1/2 and updates are
+    delta-rs MERGEs; docs/sinks.md, "The table other readers open"); an
+    existing table keeps its protocol and must have the same
     columns and types, the same recorded primary key and (when ``partition_by``
     is given) the same partition columns, else :class:`DeltaSinkSchemaError`.
     ``adopt_existing=True`` records the key in a table that has none (for
@@ -215,6 +234,7 @@ class DeltaUpsertSink(UpsertSink):
         streamed_exec: bool = False,
         adopt_existing: bool = False,
         keys_emitted_once: bool = False,
+        deletion_vectors: bool = True,
     ) -> None:
         self.path = os.fspath(path)
         self.key = as_key(key)
@@ -227,6 +247,8 @@ class DeltaUpsertSink(UpsertSink):
         self.streamed_exec = streamed_exec
         self.adopt_existing = adopt_existing
         self.keys_emitted_once = keys_emitted_once
+        self.deletion_vectors = deletion_vectors
+        self._live_files: Optional[LiveFiles] = None
         #: query id -> (table version checked up to, only that query wrote rows)
         self._writers: dict[str, tuple[int, bool]] = {}
         self._log_fs = None
@@ -237,7 +259,7 @@ class DeltaUpsertSink(UpsertSink):
     def __getstate__(self) -> dict:
         # picklable (a Spark Connect server runs the batch handler): the open
         # table and the log's file system are reopened there
-        return {**self.__dict__, "_dt": None, "_log_fs": None}
+        return {**self.__dict__, "_dt": None, "_log_fs": None, "_live_files": None}
 
     # ------------------------------------------------------------------ setup
     def _check_definition(self) -> None:
@@ -278,6 +300,11 @@ class DeltaUpsertSink(UpsertSink):
                     description=f"spark_changelog upsert table, primary key ({', '.join(self.key)})",
                     configuration=config, storage_options=self.storage_options,
                     raise_if_key_not_exists=False)
+                if self.deletion_vectors and local_table_dir(self.path) is not None:
+                    # only the feature: delta-rs 1.6.6 would add ``variantType``
+                    # with the property ``delta.enableDeletionVectors``
+                    dl.DeltaTable(self.path, storage_options=self.storage_options).alter.add_feature(
+                        dl.TableFeatures.DeletionVectors, allow_protocol_versions_increase=True)
             except Exception:
                 # another writer may have created it in the meantime: validate that one
                 if not dl.DeltaTable.is_deltatable(self.path, self.storage_options):
@@ -401,12 +428,7 @@ class DeltaUpsertSink(UpsertSink):
                 result["committed"] = True
             result["table_version"] = dt.version()
             return result
-        kinds = changes[KIND_COL].to_numpy().astype(np.int64)
-        is_add = IS_ADD[kinds]
-        keep = last_change_per_key(arrow_key_arrays(changes, self.key),
-                                   changes[SEQ_COL].to_numpy().astype(np.int64), is_add)
-        net = self._cast(changes.select(list(self.columns)).take(keep), query_id, batch_id)
-        net_add = is_add[keep]
+        net, net_add = _net_changes(self, changes, query_id, batch_id)
         n_retract = int((~net_add).sum())
         for _ in range(_APPEND_ATTEMPTS):
             result["write"] = self._append_reason(dt, query_id)
@@ -429,6 +451,9 @@ class DeltaUpsertSink(UpsertSink):
             result.update(committed=True, inserted=adds.num_rows, upserted=adds.num_rows,
                           missing_deletes=n_retract, table_version=dt.version())
             return result
+        if self._deletion_vector_layout(dt):
+            stage = StagedUpsert(self, query_id, batch_id)
+            return stage.commit([stage.write_net(net, net_add, 0)])
         result["write"] = "merge"
         metrics = self._merge(dt, net.append_column(pa.field(_ADD_COL, pa.bool_(), nullable=False),
                                                     pa.array(net_add)), query_id, batch_id)
@@ -537,24 +562,38 @@ class DeltaUpsertSink(UpsertSink):
         dt.update_incremental()
 
     # ------------------------------------------- appends written by the executors
-    def stage_batch(self, query_id: str, batch_id: int) -> "Optional[StagedAppend]":
-        """On the driver, before the sink writers run: when the batch is a
-        replay, or its net additions are appended (:meth:`_append_reason`, at
-        the version read now) to an existing unpartitioned table, a :class:`StagedAppend`
-        whose data files the executors write; otherwise ``None``: the batch is
-        collected and merged from the driver (docs/sinks.md, "Appends written by
-        the executors")."""
+    def stage_batch(self, query_id: str, batch_id: int) -> "Optional[StagedAppend | StagedUpsert]":
+        """On the driver, before the sink writers run: the table is created if
+        needed, then a stage whose data files the executors write, or ``None``
+        (the batch is collected and merged from the driver: a partitioned
+        table, or a table without deletion vectors that needs a MERGE).
+        docs/sinks.md, "Appends written by the executors" and "Updates and
+        deletes: deletion vectors"."""
         batch_id = _checked_ids(query_id, batch_id)
-        if self._dt is None and not _deltalake().DeltaTable.is_deltatable(self.path, self.storage_options):
-            # no table yet: collected, so that a batch that fails leaves no table behind
-            return None
         dt = self._table()
         if _replayed(dt, query_id, batch_id):
             return StagedAppend(self, query_id, batch_id, reason=None)
         if dt.metadata().partition_columns:
             return None
         reason = self._append_reason(dt, query_id)
-        return None if reason is None else StagedAppend(self, query_id, batch_id, reason=reason)
+        if reason is not None:
+            return StagedAppend(self, query_id, batch_id, reason=reason)
+        return StagedUpsert(self, query_id, batch_id) if self._deletion_vector_layout(dt) else None
+
+    def _deletion_vector_layout(self, dt) -> bool:
+        """Updates and deletes go to deletion vectors: the table supports
+        them (reader and writer feature), is unpartitioned and on a file
+        system the sink commits to itself (:func:`delta_log.local_table_dir`)."""
+        protocol = dt.protocol()
+        return ("deletionVectors" in (protocol.reader_features or [])
+                and "deletionVectors" in (protocol.writer_features or [])
+                and not dt.metadata().partition_columns and local_table_dir(self.path) is not None)
+
+    def live_files(self, version: int) -> dict[str, dict]:
+        """path -> ``add`` action of the table's live files at ``version``."""
+        if self._live_files is None:
+            self._live_files = LiveFiles(local_table_dir(self.path))
+        return self._live_files.at(version)
 
     # ----------------------------------------------------------------- checks
     def _check_columns(self, names, query_id: str, batch_id: int) -> None:
@@ -651,35 +690,16 @@ class StagedAppend:
         s = self.sink
         if self.reason is None or changes.num_rows == 0:
             return {"adds": 0, "retracts": 0, "files": []}
-        import uuid
-
-        import pyarrow.fs as pafs
-        import pyarrow.parquet as pq
-        from deltalake.fs import DeltaStorageHandler
         s._check_arrow_batch(changes, self.query_id, self.batch_id)
-        is_add = IS_ADD[changes[KIND_COL].to_numpy().astype(np.int64)]
-        keep = last_change_per_key(arrow_key_arrays(changes, s.key),
-                                   changes[SEQ_COL].to_numpy().astype(np.int64), is_add)
-        net = s._cast(changes.select(list(s.columns)).take(keep), self.query_id, self.batch_id)
-        adds = net.filter(pa.array(is_add[keep]))
-        out = {"adds": adds.num_rows, "retracts": net.num_rows - adds.num_rows, "files": []}
-        if adds.num_rows:
-            name = f"part-{partition:05d}-{uuid.uuid4()}-c000.snappy.parquet"
-            fs = pafs.PyFileSystem(DeltaStorageHandler(s.path, s.storage_options))
-            with fs.open_output_stream(name) as f:
-                pq.write_table(adds, f, compression="snappy")
-            out["files"].append({"path": name, "size": fs.get_file_info(name).size,
-                                 "stats": _file_stats(adds, s.key)})
-        return out
+        net, net_add = _net_changes(s, changes, self.query_id, self.batch_id)
+        adds = net.filter(pa.array(net_add))
+        return {"adds": adds.num_rows, "retracts": net.num_rows - adds.num_rows,
+                "files": _write_data_file(s, adds, partition)}
 
     def drop(self, written: list[dict]) -> None:
         """The batch failed before its commit: delete the files its partitions
         wrote (referenced by no version)."""
-        import pyarrow.fs as pafs
-        from deltalake.fs import DeltaStorageHandler
-        fs = pafs.PyFileSystem(DeltaStorageHandler(self.sink.path, self.sink.storage_options))
-        for f in (f for w in written for f in w["files"]):
-            fs.delete_file(f["path"])
+        _drop_data_files(self.sink, written)
 
     def commit(self, written: list[dict]) -> dict:
         s = self.sink
@@ -705,6 +725,288 @@ class StagedAppend:
             return result
         result.update(committed=True, inserted=n_adds, upserted=n_adds, table_version=dt.version())
         return result
+
+
+def _net_changes(sink: DeltaUpsertSink, changes: pa.Table, query_id: str, batch_id: int
+                 ) -> "tuple[pa.Table, np.ndarray]":
+    """A checked batch (or a partition of one) reduced to the net change per
+    key -> (the rows in the sink's schema, whether each is an addition)."""
+    is_add = IS_ADD[changes[KIND_COL].to_numpy().astype(np.int64)]
+    keep = last_change_per_key(arrow_key_arrays(changes, sink.key),
+                               changes[SEQ_COL].to_numpy().astype(np.int64), is_add)
+    return sink._cast(changes.select(list(sink.columns)).take(keep), query_id, batch_id), is_add[keep]
+
+
+def _write_data_file(sink: DeltaUpsertSink, rows: pa.Table, partition: int) -> list[dict]:
+    """``rows`` as one new Parquet file in the table's directory (a fresh
+    name: a retried task writes another) -> ``[{"path", "size", "stats"}]``
+    (``[]`` for no rows)."""
+    if rows.num_rows == 0:
+        return []
+    import uuid
+
+    import pyarrow.fs as pafs
+    import pyarrow.parquet as pq
+    from deltalake.fs import DeltaStorageHandler
+    name = f"part-{partition:05d}-{uuid.uuid4()}-c000.snappy.parquet"
+    fs = pafs.PyFileSystem(DeltaStorageHandler(sink.path, sink.storage_options))
+    with fs.open_output_stream(name) as f:
+        pq.write_table(rows, f, compression="snappy")
+    return [{"path": name, "size": fs.get_file_info(name).size, "stats": _file_stats(rows, sink.key)}]
+
+
+def _drop_data_files(sink: DeltaUpsertSink, written: list[dict]) -> None:
+    import pyarrow.fs as pafs
+    from deltalake.fs import DeltaStorageHandler
+    fs = pafs.PyFileSystem(DeltaStorageHandler(sink.path, sink.storage_options))
+    for f in (f for w in written for f in w["files"]):
+        with contextlib.suppress(FileNotFoundError):
+            fs.delete_file(f["path"])
+
+
+#: the column of a file's row positions while its keys are looked up
+_POS_COL = "__spark_changelog_row"
+
+
+class StagedUpsert:
+    """A batch of updates and deletes applied with deletion vectors
+    (docs/sinks.md, "Updates and deletes: deletion vectors"): each partition
+    (every change of its keys in it), on its executor, reduces its changes to
+    the net change per key, writes its net additions as one new Parquet file,
+    and finds the rows its keys have in the table now: it reads the key
+    columns of the live files whose key range (file statistics) overlaps its
+    own, joins them with its keys and drops the rows a deletion vector
+    already deletes.  Those row positions (RoaringBitmaps) and counts go back
+    to the driver, which writes one deletion-vector file (each touched file's
+    old vector with the new positions) and commits, in one new version
+    on top of the one read: ``remove`` + ``add`` with the new vector of
+    every touched file, ``add`` of the new files, the batch's ``txn``.  A
+    commit of another writer in between fails the batch (nothing of it
+    visible; the query's restart replays it).  Picklable: the sink travels
+    without its open table, the live files as a list."""
+
+    def __init__(self, sink: DeltaUpsertSink, query_id: str, batch_id: int):
+        self.sink, self.query_id, self.batch_id = sink, query_id, batch_id
+        self.version = sink._dt.version()
+        live = sink.live_files(self.version)
+        self.files = [_lookup_entry(a, sink) for a in live.values()]
+
+    # ------------------------------------------------------------- executors
+    def write_partition(self, changes: pa.Table, partition: int) -> dict:
+        s = self.sink
+        if changes.num_rows == 0:
+            return self.write_net(s.schema.empty_table(), np.zeros(0, dtype=bool), partition)
+        s._check_arrow_batch(changes, self.query_id, self.batch_id)
+        return self.write_net(*_net_changes(s, changes, self.query_id, self.batch_id), partition)
+
+    def write_net(self, net: pa.Table, net_add: np.ndarray, partition: int) -> dict:
+        """The net changes of a partition (:func:`_net_changes`): new file,
+        rows looked up -> what the partition sends to the driver."""
+        s = self.sink
+        out = {"adds": 0, "retracts": 0, "updated": 0, "deleted": 0, "files": [], "positions": {}}
+        if net.num_rows == 0:
+            return out
+        out["adds"] = int(net_add.sum())
+        out["retracts"] = net.num_rows - out["adds"]
+        # sorted by the key: later batches search the file instead of hashing it
+        adds = net.filter(pa.array(net_add))
+        out["files"] = _write_data_file(s, adds.sort_by([(k, "ascending") for k in s.key]), partition)
+        keys = net.select(list(s.key)).append_column(_ADD_COL, pa.array(net_add))
+        self._locate(keys, out)
+        return out
+
+    def _locate(self, keys: pa.Table, out: dict) -> None:
+        """The live rows of ``keys`` in the table: per file, the positions
+        (base64 of a serialized RoaringBitmap) into ``out["positions"]``, and
+        how many were net additions (``updated``) or retractions (``deleted``)."""
+        import base64
+
+        import pyarrow.compute as pc
+        from pyroaring import BitMap
+        s = self.sink
+        table_dir = local_table_dir(s.path)
+        bounds = {k: pc.min_max(keys[k]).as_py() for k in s.key}
+        key_schema = pa.schema([s.schema.field(k).with_nullable(False) for k in s.key])
+        is_add_of_key = keys[_ADD_COL].to_numpy(zero_copy_only=False).astype(bool)
+        for f in self.files:
+            if not _may_hold(f, bounds):
+                continue
+            pos, is_add = _matches(_file_keys(os.path.join(table_dir, f["path"]), key_schema), keys, s.key,
+                                   is_add_of_key)
+            if f["dv"] and len(pos):
+                dead = read_deletion_vector(table_dir, f["dv"])
+                live = ~np.isin(pos, np.frombuffer(dead.to_array(), dtype=np.uint32))
+                pos, is_add = pos[live], is_add[live]
+            if len(pos):
+                out["positions"][f["path"]] = base64.b64encode(
+                    BitMap(pos.astype(np.uint32)).serialize()).decode("ascii")
+                out["updated"] += int(is_add.sum())
+                out["deleted"] += int((~is_add).sum())
+
+    def drop(self, written: list[dict]) -> None:
+        """The batch failed before its commit: delete its new data files."""
+        _drop_data_files(self.sink, written)
+
+    # ---------------------------------------------------------------- driver
+    def commit(self, written: list[dict]) -> dict:
+        import base64
+
+        from pyroaring import BitMap
+        s = self.sink
+        table_dir = local_table_dir(s.path)
+        touched: dict[str, BitMap] = {}
+        for w in written:
+            for path, blob in w["positions"].items():
+                touched.setdefault(path, BitMap()).update(BitMap.deserialize(base64.b64decode(blob)))
+        new_files = [f for w in written for f in w["files"]]
+        n = {k: sum(w[k] for w in written) for k in ("adds", "retracts", "updated", "deleted")}
+        result = {**_empty_result(self.batch_id), "write": "deletion vectors"}
+        if not touched and not new_files and not s.commit_empty_batches:
+            result.update(missing_deletes=n["retracts"], table_version=self.version)
+            return result
+        live = s.live_files(self.version)
+        now = int(time.time() * 1000)
+        actions: list[dict] = [
+            {"commitInfo": {"timestamp": now, "operation": "MERGE",
+                            "operationParameters": {"predicate": "primary key", "writer": "spark_changelog"},
+                            "isBlindAppend": False, "clientVersion": "spark_changelog",
+                            "operationMetrics": {"numTargetRowsInserted": n["adds"] - n["updated"],
+                                                 "numTargetRowsUpdated": n["updated"],
+                                                 "numTargetRowsDeleted": n["deleted"]},
+                            _QUERY_ID_META: self.query_id, "spark_changelog.batch_id": self.batch_id}},
+            {"txn": {"appId": self.query_id, "version": self.batch_id, "lastUpdated": now}}]
+        vectors, dv_file = [], None
+        for path, positions in touched.items():
+            add = live[path]
+            deleted = read_deletion_vector(table_dir, add.get("deletionVector")) | positions
+            actions.append({"remove": _remove_action(add, now)})
+            if len(deleted) < _num_records(add):
+                vectors.append((add, deleted))
+        try:
+            if vectors:
+                dv_file, descriptors = write_deletion_vectors(table_dir, [v for _, v in vectors])
+                actions += [{"add": _with_deletion_vector(add, d)} for (add, _), d in zip(vectors, descriptors)]
+            actions += [{"add": {"path": f["path"], "partitionValues": {}, "size": f["size"],
+                                 "modificationTime": now, "dataChange": True, "stats": f["stats"]}}
+                        for f in new_files]
+            commit_next_version(table_dir, self.version + 1, actions)
+        except BaseException as err:
+            self.drop(written)
+            if dv_file is not None:
+                os.remove(dv_file)
+            if isinstance(err, CommitTaken):
+                raise _deltalake().exceptions.CommitFailedError(
+                    f"batch {self.batch_id} of query {self.query_id!r}: {err}; nothing of the batch "
+                    f"is in the table, a restart of the query replays it") from None
+            raise
+        dt = s._dt
+        dt.update_incremental()
+        interval = int(dt.metadata().configuration.get("delta.checkpointInterval") or 100)
+        if dt.version() % interval == 0:
+            dt.create_checkpoint()
+        result.update(committed=True, inserted=n["adds"] - n["updated"], updated=n["updated"],
+                      deleted=n["deleted"], upserted=n["adds"], missing_deletes=n["retracts"] - n["deleted"],
+                      table_version=dt.version())
+        return result
+
+
+#: key columns of data files already read, by file (``_file_keys``)
+_KEY_CACHE: "collections.OrderedDict[str, pa.Table | np.ndarray]" = collections.OrderedDict()
+#: how many bytes of key columns a process keeps (``SPARK_CHANGELOG_DELTA_KEY_CACHE_MB``, default 512)
+_KEY_CACHE_BYTES = int(os.environ.get("SPARK_CHANGELOG_DELTA_KEY_CACHE_MB", "512")) * 1024 * 1024
+
+
+def _file_keys(path: str, key_schema: pa.Schema) -> "pa.Table | np.ndarray":
+    """The key columns of the data file at ``path``: a numpy array when the
+    file is sorted by its one integer key (the sink's own files and compacted
+    ones), else an Arrow table.  Data files never change (a new name for new
+    content), so each process keeps the most recently used ones, up to
+    ``_KEY_CACHE_BYTES``: the micro-batches of a running query look their
+    keys up without reading the table again."""
+    import pyarrow.parquet as pq
+    if path in _KEY_CACHE:
+        _KEY_CACHE.move_to_end(path)
+        return _KEY_CACHE[path]
+    rows = pq.ParquetFile(path).read(columns=key_schema.names)
+    if rows.schema != key_schema:
+        rows = rows.cast(key_schema)
+    keys: "pa.Table | np.ndarray" = rows
+    if len(key_schema) == 1 and pa.types.is_integer(key_schema.field(0).type) and rows.num_rows:
+        column = rows.column(0).to_numpy()
+        if np.all(column[1:] > column[:-1]):
+            keys = column
+    size = keys.nbytes
+    if size <= _KEY_CACHE_BYTES:
+        _KEY_CACHE[path] = keys
+        total = sum(v.nbytes for v in _KEY_CACHE.values())
+        while total > _KEY_CACHE_BYTES:
+            total -= _KEY_CACHE.popitem(last=False)[1].nbytes
+    return keys
+
+
+def _matches(rows: "pa.Table | np.ndarray", keys: pa.Table, key: Sequence[str], is_add_of_key: np.ndarray
+             ) -> "tuple[np.ndarray, np.ndarray]":
+    """Positions of the file's rows (``rows``: its key columns, from
+    :func:`_file_keys`) whose key is among ``keys`` -> (positions, whether
+    that key's net change is an addition).  A file sorted by its one integer
+    key is searched (``searchsorted`` of the batch's keys, cost ~ the batch);
+    any other is joined (cost ~ the file)."""
+    if isinstance(rows, np.ndarray):
+        wanted = keys.column(key[0]).to_numpy()
+        at = np.searchsorted(rows, wanted)
+        found = at < len(rows)
+        found[found] = rows[at[found]] == wanted[found]
+        return at[found], is_add_of_key[found]
+    rows = rows.append_column(_POS_COL, pa.array(np.arange(rows.num_rows, dtype=np.int64)))
+    hit = rows.join(keys, keys=list(key), join_type="inner")
+    return hit[_POS_COL].to_numpy(), hit[_ADD_COL].to_numpy(zero_copy_only=False).astype(bool)
+
+def _lookup_entry(add: dict, sink: DeltaUpsertSink) -> dict:
+    """What a partition needs of a live file to look its keys up: its path,
+    deletion vector and the key columns' bounds (integer keys, and string
+    keys whose bounds are not cut off)."""
+    stats = json.loads(add.get("stats") or "{}")
+    lo, hi = stats.get("minValues") or {}, stats.get("maxValues") or {}
+    bounds = {}
+    for k in sink.key:
+        t = sink.schema.field(k).type
+        a, b = lo.get(k), hi.get(k)
+        if a is None or b is None:
+            continue
+        if pa.types.is_integer(t) or (pa.types.is_string(t) and len(b) < 32):
+            bounds[k] = (a, b)
+    return {"path": add["path"], "dv": add.get("deletionVector"), "bounds": bounds}
+
+
+def _may_hold(file: dict, key_bounds: dict) -> bool:
+    for k, (lo, hi) in file["bounds"].items():
+        mm = key_bounds.get(k)
+        if mm and mm["min"] is not None and (mm["max"] < lo or mm["min"] > hi):
+            return False
+    return True
+
+
+def _num_records(add: dict) -> int:
+    stats = json.loads(add.get("stats") or "{}")
+    return int(stats.get("numRecords", 1 << 62))
+
+
+def _remove_action(add: dict, now: int) -> dict:
+    remove = {"path": add["path"], "deletionTimestamp": now, "dataChange": True, "extendedFileMetadata": True,
+              "partitionValues": add.get("partitionValues") or {}, "size": add["size"]}
+    if add.get("deletionVector"):
+        remove["deletionVector"] = add["deletionVector"]
+    return remove
+
+
+def _with_deletion_vector(add: dict, descriptor: dict) -> dict:
+    """The same data file with a new deletion vector; its statistics become
+    wide bounds (``tightBounds`` false: some rows are deleted)."""
+    stats = json.loads(add.get("stats") or "{}")
+    stats["tightBounds"] = False
+    out = {k: v for k, v in add.items() if v is not None and k not in ("deletionVector", "stats")}
+    out.update(dataChange=True, stats=json.dumps(stats), deletionVector=descriptor)
+    return out
 
 
 def _file_stats(table: pa.Table, key: Sequence[str]) -> str:

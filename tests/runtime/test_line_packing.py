@@ -12,7 +12,6 @@ import os
 
 import pyarrow as pa
 import pytest
-from deltalake import DeltaTable
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from spark_changelog.api import read_debezium
@@ -22,6 +21,7 @@ from spark_changelog.operators.normalize import ChangelogNormalize
 from spark_changelog.runtime.keyed_rows import arrow_schema_of
 from spark_changelog.runtime.spark_keyed import LinePacker
 from tests.changelog_data import set_arrival
+from tests.delta_scan import scan_delta
 
 SCHEMA = "id BIGINT, v DOUBLE, s STRING"
 
@@ -71,7 +71,7 @@ def _run(spark, inp: str, out: str, streaming: bool, fold: bool):
     rep = s.with_mini_batch(fold).normalize().write_upsert(
         os.path.join(out, "table"), checkpoint=os.path.join(out, "ck") if streaming else None,
         dead_letter=os.path.join(out, "dead"))
-    table = DeltaTable(os.path.join(out, "table")).to_pandas().sort_values("id")
+    table = scan_delta(os.path.join(out, "table")).to_pandas().sort_values("id")
     return rep, [tuple(r) for r in table[["id", "v", "s"]].itertuples(index=False)]
 
 
@@ -155,7 +155,7 @@ def test_changelog_json_sources_pack_in_the_line_task_too(spark, tmp_path, monke
         out = str(tmp_path / name)
         rep = s.with_mini_batch().normalize().write_upsert(os.path.join(out, "table"),
                                                            dead_letter=os.path.join(out, "dead"))
-        table = DeltaTable(os.path.join(out, "table")).to_pandas().sort_values("id")
+        table = scan_delta(os.path.join(out, "table")).to_pandas().sort_values("id")
         return rep, [tuple(r) for r in table[["id", "v", "s"]].itertuples(index=False)]
 
     packed, table = run("packed")

@@ -11,6 +11,10 @@ import pytest
 deltalake = pytest.importorskip("deltalake")
 
 from spark_changelog.sinks.delta import DeltaUpsertSink  # noqa: E402
+from tests.delta_scan import scan_delta  # noqa: E402
+
+#: how a batch that is not an append is committed (docs/sinks.md)
+UPSERT = "deletion vectors"
 
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string())])
 KIND = {"+I": 0, "-U": 1, "+U": 2, "-D": 3}
@@ -25,7 +29,7 @@ def batch(rows) -> pa.Table:
 
 
 def rows_of(path):
-    return sorted(tuple(r.values()) for r in deltalake.DeltaTable(path).to_pyarrow_table().to_pylist())
+    return sorted(tuple(r.values()) for r in scan_delta(path).to_pylist())
 
 
 def other_writer_merge(path, rows):
@@ -54,7 +58,7 @@ def test_arrow_batch_net_change_into_empty_table_is_appended(table):
     # the next batch on the non-empty table MERGEs (keys may be there)
     res = sink.write_arrow_batch(batch([("-D", 7, 1, "a2"), ("+U", 8, 3, "c2")]), query_id="q",
                                  batch_id=1)
-    assert res["write"] == "merge" and (res["updated"], res["deleted"]) == (1, 1)
+    assert res["write"] == UPSERT and (res["updated"], res["deleted"]) == (1, 1)
     assert rows_of(table) == [(3, "c2")]
     # a replayed batch is skipped on either path
     assert sink.write_arrow_batch(batch([("+I", 9, 5, "e")]), query_id="q", batch_id=1)["skipped_replay"]
@@ -101,7 +105,7 @@ def test_concurrent_commit_before_an_append_turns_it_into_a_merge(table):
     sink._append = append_after_another_commit
     res = sink.write_arrow_batch(batch([("+I", 1, 1, "ours"), ("+I", 2, 2, "ours")]), query_id="q",
                                  batch_id=0)
-    assert interleaved and res["write"] == "merge" and res["committed"]
+    assert interleaved and res["write"] == UPSERT and res["committed"]
     assert (res["inserted"], res["updated"]) == (1, 1)
     assert rows_of(table) == [(1, "ours"), (2, "ours"), (7, "theirs")]
     assert deltalake.DeltaTable(table).transaction_version("q") == 0
@@ -126,13 +130,13 @@ def test_keys_emitted_once_append_while_only_writer_then_merge(table):
         res = sink.write_arrow_batch(batch([("+I", 10 * b + i, i, f"q{b}") for i in ids]),
                                      query_id="q", batch_id=b)
         writes.append(res["write"])
-    assert writes[3:] == ["merge", "merge"]
+    assert writes[3:] == [UPSERT, UPSERT]
     assert rows_of(table) == [(1, "theirs"), (2, "q0"), (3, "q1"), (4, "q1"), (5, "q2"),
                               (6, "q3"), (7, "q3"), (8, "q4")]
     # a new sink object (a restart) reads the whole log: still MERGE
     again = DeltaUpsertSink(table, "id", SCHEMA, keys_emitted_once=True)
     assert again.write_arrow_batch(batch([("+I", 90, 9, "q5")]), query_id="q", batch_id=5)["write"] \
-        == "merge"
+        == UPSERT
 
 
 def test_keys_emitted_once_needs_every_row_commit_to_be_this_query(table):
@@ -143,12 +147,12 @@ def test_keys_emitted_once_needs_every_row_commit_to_be_this_query(table):
     second = DeltaUpsertSink(table, "id", SCHEMA, keys_emitted_once=True)
     res = second.write_arrow_batch(batch([("+I", 1, 1, "new"), ("+I", 2, 2, "new")]),
                                    query_id="new-query", batch_id=0)
-    assert res["write"] == "merge"
+    assert res["write"] == UPSERT
     assert rows_of(table) == [(1, "new"), (2, "new")]
     # without the planner's promise a non-empty table is always merged
     plain = DeltaUpsertSink(table, "id", SCHEMA)
     assert plain.write_arrow_batch(batch([("+I", 5, 3, "x")]), query_id="new-query",
-                                   batch_id=1)["write"] == "merge"
+                                   batch_id=1)["write"] == UPSERT
 
 
 def test_pandas_and_arrow_batches_give_the_same_table(tmp_path):
@@ -162,7 +166,7 @@ def test_pandas_and_arrow_batches_give_the_same_table(tmp_path):
         {k: rp[k] for k in ("inserted", "missing_deletes", "write")} == \
         {"inserted": 1, "missing_deletes": 1, "write": "append: empty table"}
     assert rows_of(str(tmp_path / "a")) == rows_of(str(tmp_path / "p")) == [(2, "b2")]
-    assert np.array_equal(deltalake.DeltaTable(str(tmp_path / "a")).to_pyarrow_table()["id"],
+    assert np.array_equal(scan_delta(tmp_path / "a")["id"],
                           [2])
 
 

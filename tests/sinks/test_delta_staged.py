@@ -12,7 +12,7 @@ import pytest
 from deltalake import DeltaTable
 
 from spark_changelog.model import KIND_COL, SEQ_COL
-from spark_changelog.sinks.delta import DeltaUpsertSink, read_table
+from spark_changelog.sinks.delta import DeltaUpsertSink, StagedUpsert, read_table
 
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string())])
 
@@ -43,12 +43,11 @@ def test_a_first_batch_is_written_by_the_executors_and_committed_once(spark, tmp
     assert all(a["min.id"] is not None for a in adds)                     # stats to prune by
 
 
-def test_replays_and_merges_are_not_staged_and_a_concurrent_commit_fails_the_append(tmp_path):
+def test_replays_are_not_written_merges_without_deletion_vectors_are_collected_and_a_concurrent_commit_fails_the_append(
+        tmp_path):
     path = str(tmp_path / "t")
     sink = DeltaUpsertSink(path, ["id"], SCHEMA)
-    assert sink.stage_batch("q", 0) is None            # no table yet: collected (a failure leaves none)
-    sink.write_arrow_batch(changes([]), query_id="setup", batch_id=0)
-    staged = sink.stage_batch("q", 0)
+    staged = sink.stage_batch("q", 0)                  # the table is created empty, then staged
     assert staged.reason == "append: empty table"
     w = staged.write_partition(changes([(0, 1, 1, "a"), (0, 2, 2, "b"), (3, 3, 9, None)]), 0)
     assert (w["adds"], w["retracts"], json.loads(w["files"][0]["stats"])["numRecords"]) == (2, 1, 2)
@@ -59,7 +58,10 @@ def test_replays_and_merges_are_not_staged_and_a_concurrent_commit_fails_the_app
     replay = sink.stage_batch("q", 0)
     assert replay.reason is None and replay.write_partition(changes([(0, 5, 3, "c")]), 0)["files"] == []
     assert replay.commit([])["skipped_replay"]
-    assert sink.stage_batch("q", 1) is None           # the table has rows: a MERGE, from the driver
+    assert isinstance(sink.stage_batch("q", 1), StagedUpsert)   # the table has rows: deletion vectors
+    plain = DeltaUpsertSink(str(tmp_path / "plain"), ["id"], SCHEMA, deletion_vectors=False)
+    plain.write_arrow_batch(changes([(0, 1, 1, "a")]), query_id="q", batch_id=0)
+    assert plain.stage_batch("q", 1) is None           # no deletion vectors: a MERGE, from the driver
 
     other = str(tmp_path / "u")
     sink = DeltaUpsertSink(other, ["id"], SCHEMA)

@@ -16,6 +16,7 @@ from changelog_data import load_fixture
 from spark_changelog.sql.errors import SqlError, UnsupportedFeature
 from spark_changelog.sql.runner import run_script
 from spark_changelog.sql.script import parse_script
+from tests.delta_scan import scan_delta
 
 D = decimal.Decimal
 
@@ -28,8 +29,7 @@ def run(spark, sql: str, *, batch: bool = True, checkpoint=None):
 
 
 def delta_rows(path) -> list:
-    from deltalake import DeltaTable
-    t = DeltaTable(str(path)).to_pyarrow_table()
+    t = scan_delta(path)
     return sorted(tuple(r.values()) for r in t.to_pylist())
 
 
@@ -78,7 +78,6 @@ INSERT INTO b VALUES (1), (2);
 
 
 def test_select_from_values_and_ctas_into_delta_take_the_query_columns(spark, tmp_path):
-    from deltalake import DeltaTable
     runs, out = run(spark, f"""
 CREATE TABLE d (PRIMARY KEY (id) NOT ENFORCED) WITH ('connector' = 'delta', 'path' = '{tmp_path / "d"}')
   AS SELECT id, UPPER(b) AS name, CAST(id AS DECIMAL(5, 1)) / 2 AS half
@@ -88,7 +87,7 @@ CREATE TABLE p WITH ('connector' = 'print') AS SELECT name, COUNT(*) AS n FROM d
     # DECIMAL(5, 1) / INT is DECIMAL(16, 12), as Flink types it (statements.json C2)
     assert delta_rows(tmp_path / "d") == [(1, "Z", D("0.500000000000")),
                                           (2, "Y", D("1.000000000000"))]
-    schema = DeltaTable(str(tmp_path / "d")).to_pyarrow_table().schema
+    schema = scan_delta(tmp_path / "d").schema
     assert [(f.name, str(f.type)) for f in schema] == [
         ("id", "int32"), ("name", "string"), ("half", "decimal128(16, 12)")]
     assert sorted(out.splitlines()) == ["+I[a, 2]", "+I[b, 1]"]    # a batch run: final rows
