@@ -90,44 +90,53 @@ def main() -> None:
     work = tempfile.mkdtemp(prefix="delta-table-size-")
     results = []
     try:
-        for table_rows, layout in ((int(t), lay) for t in args.tables.split(",")
-                                   for lay in args.layouts.split(",")):
-            dv = layout == "deletion-vectors"
-            base = os.path.join(work, f"base-{table_rows}")
-            t = time.perf_counter()
-            sink = DeltaUpsertSink(base, ["id"], schema, deletion_vectors=dv)
-            sink.write_arrow_batch(rows(range(table_rows), 0, 0), query_id="load", batch_id=0)
-            sink.optimize()
-            print(f"{layout}: table of {table_rows:,} rows written and optimized in "
-                  f"{time.perf_counter() - t:.1f} s", flush=True)
-            for shape in args.shapes.split(","):
+        sizes = [int(t) for t in args.tables.split(",")]
+        layouts, shapes = args.layouts.split(","), args.shapes.split(",")
+        for table_rows in sizes:
+            for layout in layouts:
+                base = os.path.join(work, f"base-{layout}-{table_rows}")
+                t = time.perf_counter()
+                sink = DeltaUpsertSink(base, ["id"], schema, deletion_vectors=layout == "deletion-vectors")
+                sink.write_arrow_batch(rows(range(table_rows), 0, 0), query_id="load", batch_id=0)
+                sink.optimize()
+                print(f"{layout}: table of {table_rows:,} rows written and optimized in "
+                      f"{time.perf_counter() - t:.1f} s", flush=True)
+        # the sizes interleaved, repeat by repeat: each size's batches see the same load
+        runs: dict = {}
+        for r in range(args.repeat):
+            for shape in shapes:
                 kind = 0 if shape == "new_keys" else 2
-                secs, warm, writes = [], [], set()
-                for r in range(args.repeat):
-                    path = os.path.join(work, f"run-{table_rows}-{shape}-{r}")
-                    shutil.copytree(base, path)
-                    s = DeltaUpsertSink(path, ["id"], schema, deletion_vectors=dv)
-                    load = machine_load()
-                    for nth, times in enumerate((secs, warm)):
-                        b = rows(batch_ids(shape, table_rows, args.batch, nth), kind,
-                                 table_rows + 1 + nth * args.batch)
-                        t = time.perf_counter()
-                        out = s.write_arrow_batch(b, query_id="bench", batch_id=nth)
-                        times.append(time.perf_counter() - t)
-                        writes.add(out.get("write"))
-                    shutil.rmtree(path)
-                res = {"layout": layout, "table_rows": table_rows, "batch_rows": args.batch, "shape": shape,
-                       "seconds": [round(x, 3) for x in secs], "median_s": round(statistics.median(secs), 3),
-                       "warm_seconds": [round(x, 3) for x in warm],
-                       "warm_median_s": round(statistics.median(warm), 3),
-                       "write": sorted(w for w in writes if w), "load": load}
-                print(json.dumps(res), flush=True)
-                results.append(res)
-            shutil.rmtree(base)
+                for layout in layouts:
+                    for table_rows in sizes:
+                        path = os.path.join(work, f"run-{layout}-{table_rows}-{shape}-{r}")
+                        shutil.copytree(os.path.join(work, f"base-{layout}-{table_rows}"), path)
+                        s = DeltaUpsertSink(path, ["id"], schema, deletion_vectors=layout == "deletion-vectors")
+                        run = runs.setdefault((layout, table_rows, shape),
+                                              {"cold": [], "warm": [], "write": set(), "load": []})
+                        run["load"].append(machine_load())
+                        for nth, when in enumerate(("cold", "warm")):
+                            b = rows(batch_ids(shape, table_rows, args.batch, nth), kind,
+                                     table_rows + 1 + nth * args.batch)
+                            t = time.perf_counter()
+                            out = s.write_arrow_batch(b, query_id="bench", batch_id=nth)
+                            run[when].append(time.perf_counter() - t)
+                            run["write"].add(out.get("write"))
+                        shutil.rmtree(path)
+                        print(f"{layout} {shape} {table_rows:,}: cold {run['cold'][-1]:.3f} s, "
+                              f"warm {run['warm'][-1]:.3f} s", flush=True)
+        for (layout, table_rows, shape), run in runs.items():
+            res = {"layout": layout, "table_rows": table_rows, "batch_rows": args.batch, "shape": shape,
+                   "seconds": [round(x, 3) for x in run["cold"]],
+                   "median_s": round(statistics.median(run["cold"]), 3),
+                   "warm_seconds": [round(x, 3) for x in run["warm"]],
+                   "warm_median_s": round(statistics.median(run["warm"]), 3),
+                   "write": sorted(w for w in run["write"] if w), "load": run["load"]}
+            print(json.dumps(res), flush=True)
+            results.append(res)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     sizes = sorted({r["table_rows"] for r in results})
-    growth = {}
+    growth: dict = {}
     for when, field in (("cold", "median_s"), ("warm", "warm_median_s")):
         by = {(r["layout"], r["shape"], r["table_rows"]): r[field] for r in results}
         growth.update({f"{layout} {shape} {when}":

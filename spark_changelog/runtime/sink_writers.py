@@ -86,8 +86,9 @@ def write_partitions(df, stage, key: Sequence[str], table_name: str
     """Run the sink writers over the batch ``df`` -> (side-row payloads,
     null-key rejects, per-partition counts), the only things collected."""
     from pyspark.sql import functions as F
-    shuffled = (df.withColumn(POSITION_COL, F.monotonically_increasing_id())
-                .repartition(*[F.col(k) for k in key]))
+    tagged = df.withColumn(POSITION_COL, F.monotonically_increasing_id())
+    # a sink without a key (blackhole) takes the partitions as they are
+    shuffled = tagged.repartition(*[F.col(k) for k in key]) if key else tagged
     side, rejects, written = [], [], []
     for row in shuffled.mapInArrow(PartitionWriter(stage, key, table_name), RESULT_SCHEMA).collect():
         {"side": side, "reject": rejects, "written": written}[row["kind"]].append(json.loads(row["payload"]))

@@ -7,6 +7,14 @@ Flink's format (``+I[1, 20, b1]``, prefixed by ``print-identifier>`` when
 given); :class:`BlackholeSink` only counts.  Neither records batch ids, so a
 micro-batch replayed after a crash is printed again (as in Flink, the print
 sink is not exactly-once).  A primary key is optional (``requires_key``).
+
+Where the rows go: the print sink writes every change of a batch to the
+driver's standard output in ``_seq`` order, so the batch is collected on the
+driver (a person reads what it prints: a bounded preview would drop rows
+silently).  The blackhole sink's batches stay on the executors
+(:meth:`BlackholeSink.stage_batch`): each partition checks and counts its
+rows, only the counts reach the driver (docs/runtime.md, "Sink writers on
+the executors").
 """
 from __future__ import annotations
 
@@ -72,8 +80,35 @@ class BlackholeSink(UpsertSink):
         self.rows += len(changes)
         return {"upserted": 0, "deleted": 0, "skipped_replay": False}
 
+    def stage_batch(self, query_id: str, batch_id: int) -> "DiscardedBatch":
+        """The batch stays on the executors, which only count it."""
+        return DiscardedBatch(self, batch_id)
+
     def last_batch_id(self, query_id: str) -> int:
         return -1
 
 
-__all__ = ["PrintSink", "BlackholeSink"]
+class DiscardedBatch:
+    """A blackhole batch on the executors: each partition's ``_kind`` values
+    are checked and its rows counted; nothing is written."""
+
+    def __init__(self, sink: BlackholeSink, batch_id: int):
+        self.sink, self.batch_id = sink, batch_id
+
+    def write_partition(self, changes: pa.Table, partition: int) -> dict:
+        if changes.num_rows:
+            kinds = changes.column(KIND_COL)
+            ok = pc.is_in(kinds, value_set=pa.array([0, 1, 2, 3], kinds.type))
+            if not pc.all(pc.fill_null(ok, False)).as_py():
+                check_kinds(changes.select([KIND_COL]).to_pandas(), self.batch_id)
+        return {"files": []}
+
+    def drop(self, written: list[dict]) -> None:
+        """Nothing was written."""
+
+    def commit(self, written: list[dict]) -> dict:
+        self.sink.rows += sum(w["rows"] for w in written)
+        return {"upserted": 0, "deleted": 0, "skipped_replay": False}
+
+
+__all__ = ["PrintSink", "BlackholeSink", "DiscardedBatch"]
