@@ -100,7 +100,7 @@ class DiscardedBatch:
             kinds = changes.column(KIND_COL)
             ok = pc.is_in(kinds, value_set=pa.array([0, 1, 2, 3], kinds.type))
             if not pc.all(pc.fill_null(ok, False)).as_py():
-                check_kinds(changes.select([KIND_COL]).to_pandas(), self.batch_id)
+                check_kinds(pd.DataFrame({KIND_COL: kinds.to_pylist()}, dtype=object), self.batch_id)
         return {"files": []}
 
     def drop(self, written: list[dict]) -> None:
