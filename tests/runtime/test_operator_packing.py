@@ -13,12 +13,12 @@ import os
 
 import numpy as np
 import pytest
-from deltalake import DeltaTable
 
 from spark_changelog.plan import lower as lower_module
 from spark_changelog.sql.runner import run_script
 from spark_changelog.sql.script import parse_script
 from tests.changelog_data import set_arrival
+from tests.delta_scan import scan_delta
 from tests.long_variants import long_only
 
 COLS = "id BIGINT, g BIGINT, v BIGINT"
@@ -77,7 +77,7 @@ def _run(spark, tmp_path, name: str, s1: str, s2: str, unpacked: bool, monkeypat
         runs = run_script(spark, parse_script(_script(s1, s2, out)), batch=False,
                           checkpoint=os.path.join(out, "ck"), dead_letter=os.path.join(out, "dead"),
                           show_progress=False)
-    tables = {t: sorted(map(tuple, DeltaTable(os.path.join(out, t)).to_pandas().sort_index(axis=1)
+    tables = {t: sorted(map(tuple, scan_delta(os.path.join(out, t)).to_pandas().sort_index(axis=1)
                             .itertuples(index=False))) for t in ("agg", "j")}
     reports = [(r.report.batches, r.report.changes_out, r.report.upserted, r.report.deleted,
                 {op: {k: v for k, v in c.items() if k not in ("seconds",)} for op, c in r.report.operators.items()})
