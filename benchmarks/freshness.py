@@ -2,7 +2,7 @@
 
     scripts/bench freshness [--source files|postgres] [--rate 10000] [--seconds 60] [--warmup 5]
                             [--file-events 1000] [--trigger "1 second"]
-                            [--only normalize,join,aggregate,window] [--ids 100000]
+                            [--only normalize,join,aggregate,window] [--ids 100000] [--drain 120]
 
 A feeder thread writes changes at a steady rate (``--rate`` events/s in
 units of ``--file-events``) while one streaming query with a processing-time
@@ -268,7 +268,7 @@ def operator_job(spec_path: str) -> None:
              else FileUnits(work, op, spec))
     if source == "postgres":
         def cdc(t):
-            return read_postgres_cdc(spark, t, **spec["pg"], slot_name=f"fresh_{t}", name=t)
+            return read_postgres_cdc(spark, t, **spec["pg"], slot_name=f"fresh_{op}_{t}", name=t)
     else:
         def cdc(t):
             return read_debezium(spark, units.dirs[t], SCHEMA_DDL, ["id"], streaming=True, name=t)
@@ -563,6 +563,8 @@ def main(argv=None) -> None:
     ap.add_argument("--trigger", default="1 second")
     ap.add_argument("--ids", type=int, default=100_000)
     ap.add_argument("--only", default=",".join(OPERATORS))
+    ap.add_argument("--drain", type=float, default=120,
+                    help="seconds after the measured feed to wait for its last batches (then: not committed)")
     ap.add_argument("--no-results", action="store_true")
     ap.add_argument("--operator-job", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -576,7 +578,7 @@ def main(argv=None) -> None:
           f"load {machine_load()}; logs: {log}", flush=True)
     load0 = machine_load()
     result = run(args.only.split(","), args.rate, args.seconds, args.file_events, args.trigger, args.ids, log,
-                 source=args.source, warmup=args.warmup)
+                 source=args.source, warmup=args.warmup, drain=args.drain)
     result.update(time_utc=stamp, load=f"{load0}-{machine_load()}", cores=os.cpu_count())
     if not args.no_results:
         out = os.path.join(HERE, "results")
