@@ -88,13 +88,16 @@ def run_script(spark, script: Script, *, batch: bool, checkpoint: Optional[str] 
                key_groups: Optional[int] = None, show_progress: bool = True,
                out: Optional[TextIO] = None, late_output: Optional[str] = None,
                changelog: Optional[str] = None,
-               on_finished: Optional[Callable[[InsertRun], None]] = None) -> list[InsertRun]:
+               on_finished: Optional[Callable[[InsertRun], None]] = None,
+               on_batch: Optional[Callable] = None) -> list[InsertRun]:
     """Plan the whole script, then run its INSERTs (see the module docstring).
     ``out``: where EXPLAIN output and print sinks write (default: stdout).
     ``changelog``: also write each INSERT's emitted changes there (Parquet,
     one file per micro-batch; a subdirectory per INSERT when there are several).
     ``on_finished``: called with each INSERT's run as soon as it finishes
-    (``print_summary`` prints its summary).  A failing INSERT's error says
+    (``print_summary`` prints its summary); ``on_batch``: with the running
+    INSERT's report after each of its micro-batches reached the sinks, inside
+    the batch (``write_upsert``'s ``progress``).  A failing INSERT's error says
     which INSERTs had already written their tables; Ctrl-C stops a streaming
     INSERT at a micro-batch boundary and raises :class:`Interrupted` saying
     how to resume."""
@@ -144,7 +147,7 @@ def run_script(spark, script: Script, *, batch: bool, checkpoint: Optional[str] 
         late = os.path.join(late_output, sub) if late_output and sub else late_output
         log = os.path.join(changelog, sub) if changelog and sub else changelog
         where = f"INSERT INTO {p.table.name} ({script.path or 'script'} line {p.insert.position.line})"
-        progress = _Progress(p, enabled=show_progress)
+        progress = _Progress(p, enabled=show_progress, on_batch=on_batch)
         try:
             with located(where, checkpoint=ck), progress:
                 report = p.run(checkpoint=ck, dead_letter=dl, strict=strict,
@@ -232,9 +235,10 @@ class _Progress:
     rows in and out, per-operator rows, state rows and the watermark.  Off
     when stderr is not a terminal (the summary is printed either way)."""
 
-    def __init__(self, planned: PlannedInsert, enabled: bool = True):
+    def __init__(self, planned: PlannedInsert, enabled: bool = True, on_batch=None):
         self.planned = planned
         self.enabled = enabled and sys.stderr.isatty()
+        self.on_batch = on_batch
         self.report = None
         self.t0 = time.perf_counter()
         self._live = None
@@ -251,6 +255,8 @@ class _Progress:
 
     def update(self, report) -> None:
         self.report = report
+        if self.on_batch:
+            self.on_batch(report)
 
     def _render(self):
         from rich.console import Group

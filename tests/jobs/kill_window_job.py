@@ -1,38 +1,73 @@
-"""A streaming job of one pipeline kind, in SQL or the Python API, run as its
-own process by tests/runtime/test_kill_window.py.
+"""The job of tests/runtime/test_kill_window.py: every query of a group
+(tests/kill_window.py: ``debezium`` or ``event_time``, each kind in SQL and
+in the Python API) at once, each in its own thread of one Spark session.
 
-argv: FRONT(sql|api) KIND BASE CHECKPOINT
-Reads BASE/s1 and BASE/s2, writes the table BASE/out, dead letters to
-BASE/dead and the emitted changelog to BASE/log.  With
-``KILL_WINDOW_LOG`` set, it kills itself in the next replay window
-(tests/kill_window.py).
+argv: GROUP INPUT OUTPUT CHECKPOINT [REF_OUTPUT REF_CHECKPOINT]
+Reads INPUT/s1, INPUT/s2 and INPUT/ev; each query writes under
+OUTPUT/<front>-<kind> and keeps its checkpoint under CHECKPOINT/<front>-<kind>.
+With ``KILL_WINDOW_LOG`` set, it kills itself with every query in a replay
+window (``kill_window.WindowKiller``).  With REF_OUTPUT, the same queries
+then run again, uninterrupted, from REF_CHECKPOINT into REF_OUTPUT: the
+reference, in the same process.  Prints ``[reference ]finished NAME
+batches=B replayed=R`` per query, ``failed NAME: ...`` for one that failed.
 """
 import os
 import sys
+import threading
+import traceback
 
 import kill_window as kw
+from crash_pipelines import retrying
 from spark_changelog.runtime.session import build_session
 
 
+def run_all(spark, group: str, inputs: str, out: str, ck: str, label: str, killer=None) -> None:
+    """Each query in its own thread; each starts once the one before has
+    finished a micro-batch (or ended): Spark starts a Python process for a
+    stateful query's first batch, and many at once on a loaded machine miss
+    Spark's 10 s for it to connect back."""
+    def run(q, before: threading.Event, started: threading.Event):
+        before.wait()
+        stop = killer.on_batch(q.name) if killer else None
+
+        def on_batch(report):
+            started.set()
+            if stop:
+                stop(report)
+        try:
+            r = retrying(lambda: q.run(spark, inputs, out, ck, on_batch))
+            print(f"{label}finished {q.name} batches={r.batches} replayed={r.replayed_batches}", flush=True)
+        except Exception:                                   # noqa: BLE001 (printed for the test)
+            print(f"{label}failed {q.name}: {traceback.format_exc()}", flush=True)
+        finally:
+            started.set()
+            if killer:
+                killer.end(q.name)
+    events = [threading.Event()]
+    events[0].set()
+    threads = []
+    queries = kw.queries(group)
+    if killer:
+        queries = killer.order(queries)
+    for q in queries:
+        events.append(threading.Event())
+        threads.append(threading.Thread(target=run, args=(q, events[-2], events[-1])))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
 def main() -> None:
-    front, kind, base, ck = sys.argv[1:5]
+    group, inputs, out, ck, *ref = sys.argv[1:]
+    killer = None
     if os.environ.get("KILL_WINDOW_LOG"):
-        kw.start_window_killer(ck, os.environ["KILL_WINDOW_LOG"])
+        killer = kw.WindowKiller(os.environ["KILL_WINDOW_LOG"], ck, [q.name for q in kw.queries(group)])
+        killer.start()
     spark = build_session("kill-window-job", configs={"spark.sql.shuffle.partitions": "2"})
-    if front == "sql":
-        from spark_changelog.sql.runner import run_script
-        from spark_changelog.sql.script import parse_script
-        runs = run_script(spark, parse_script(kw.sql_script(kind, base), f"{kind}.sql"), batch=False,
-                          checkpoint=ck, dead_letter=f"{base}/dead", changelog=f"{base}/log",
-                          key_groups=kw.KEY_GROUPS, show_progress=False)
-        reports = [r.report for r in runs]
-    else:
-        stream, options = kw.api_pipeline(spark, kind, base)
-        reports = [stream.write_upsert(f"{base}/out", checkpoint=ck, changelog_path=f"{base}/log",
-                                       dead_letter=f"{base}/dead", key_groups=kw.KEY_GROUPS,
-                                       **options)]
-    for r in reports:
-        print(f"finished batches={r.batches} replayed={r.replayed_batches}", flush=True)
+    run_all(spark, group, inputs, out, ck, "", killer)
+    if ref:
+        run_all(spark, group, inputs, *ref, "reference ")
 
 
 if __name__ == "__main__":

@@ -1,98 +1,120 @@
 """kill -9 aimed at the replay window (issue #26, docs/runtime.md "Replay is
-deterministic"): a job is killed five times, each time right after a state
-partition wrote a micro-batch's changelog and before the batch's commit file
-(tests/kill_window.py counts the kills that landed there), then run to the end
-twice, new input arriving before the second run.  Every table, dead-letter
-output and emitted changelog equals an uninterrupted run's, and the second
-run starts and ends cleanly (no replay, exit 0).  The reference is the same
-job run without kills, its input arriving the same way, so its micro-batches
-are the same: the changelog must be the same batch by batch, each key's
-changes in the same order, and the same multiset of rows per batch
-(docs/runtime.md, "Replay is deterministic").
+deterministic"): every query of a group is killed five times, each time
+after its state partitions wrote a micro-batch's changelog and before the
+batch's commit file, then the job runs to the end twice, new input arriving
+before the second run.  Every table, dead-letter output, late-row output
+and emitted changelog equals an uninterrupted run's, and the second run
+starts and ends cleanly (no replay, exit 0).
 
-Every case is a long variant (``SPARK_CHANGELOG_LONG_TESTS=1``, README, "The
-two commands"): nine job processes each, the SQL join alone 4.4 min on a quiet
-machine, a fifth of the default suite.  The default run keeps the cheaper
-checks of the same window: the byte-identical replay
-(tests/runtime/test_replay_determinism.py) and the kill-and-restart tests.
+The groups (tests/kill_window.py): ``debezium``, normalize, join +
+materializer and aggregation over two Debezium sources; ``event_time``,
+over a plain JSON (insert-only) source whose watermark is generated at the
+source, keep-first deduplication on event time, a tumbling window
+aggregation, and ``ON CONFLICT DO NOTHING`` / ``DO ERROR`` (the
+materializer's event-time forms).  Each kind in streaming SQL and in the
+Python API; a group's queries run at once in one job process, and each kill
+catches all of them in their windows (one right after its first state
+partition's write, the others after all of theirs): seven job processes per
+group.  The test prints, per query, the batches its kills hit.
+
+The reference is the same queries run without kills, in the processes that
+run the killed job to the end (after it, from their own checkpoints), their
+input arriving the same way, so their micro-batches are the same: the
+changelog must be the same batch by batch, each key's changes in the same
+order, and the same multiset of rows per batch.  The Debezium kinds' final
+tables are also computed from the sources' final rows.
+
+Both groups are long variants (``SPARK_CHANGELOG_LONG_TESTS=1``, README,
+"The two commands").  The default run keeps the cheaper checks of the same
+window: the byte-identical replay (tests/runtime/test_replay_determinism.py)
+and the kill-and-restart tests.
 """
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
 import kill_window as kw
 from long_variants import long_only
 from spark_changelog.connectors.dead_letter import read_dead_letter
+from spark_changelog.runtime.late_output import read_late_rows
 from spark_changelog.sinks.changelog import read_changelog
 from spark_changelog.sinks.delta import read_table
 
-KILLS = 5
-CASES = [(f, k) for k in kw.SQL for f in ("sql", "api")]
-
-pytestmark = long_only("nine job processes per case, minutes each")
+pytestmark = long_only("seven job processes per group, each with six or eight queries")
 
 
-def _table(path, kind):
-    t = read_table(str(path))
-    return sorted(map(tuple, t[list(kw.OUT_COLS[kind])].astype(object).values.tolist()))
+def _values(frame, cols):
+    """The rows of ``cols``, timestamps as ISO text."""
+    return [tuple(v.isoformat() if hasattr(v, "isoformat") else v for v in r)
+            for r in frame[list(cols)].astype(object).values.tolist()]
 
 
 def _dead(path):
     return sorted((os.path.basename(r["file"]), r["line"], r["reason"]) for r in read_dead_letter(str(path)))
 
 
-def _changelog(path, kind):
+def _late(path):
+    late = read_late_rows(str(path))
+    return sorted(map(repr, late.astype(object).values.tolist())) if len(late) else []
+
+
+def _changelog(path, q):
     """(per key: its changes in order; per batch: the multiset of changes)."""
-    log = read_changelog(str(path))
-    cols = list(kw.OUT_COLS[kind])
-    key = kw.SINK_KEY[kind]
-    rows = [tuple(r) for r in log[["_batch", "op", "_seq"] + cols].astype(object).values.tolist()]
+    rows = _values(read_changelog(str(path)), ("_batch", "op", "_seq") + q.cols)
     per_key: dict = {}
     for r in rows:                                   # read_changelog: batch, then emission order
-        per_key.setdefault(tuple(r[3 + cols.index(k)] for k in key), []).append(r)
+        per_key.setdefault(tuple(r[3 + q.cols.index(k)] for k in q.key), []).append(r)
     return per_key, sorted(rows, key=repr)
 
 
-def _reference(front, kind, base):
-    """The same job uninterrupted, its input arriving as in the killed one
-    (so its micro-batches, hence its emitted changelog, are the same)."""
-    kw.write_files(base, 0, kw.FILES)
-    for files in (kw.FILES, kw.FILES + 1):
-        kw.write_files(base, files - 1, files)
-        code, out = kw.run_job(front, kind, base, base / "ck")
-        assert code == 0, out
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("front,kind", CASES)
-def test_kill_in_the_replay_window_then_run_to_the_end_twice(tmp_path, front, kind):
-    base, ck, kills = tmp_path / "job", tmp_path / "job" / "ck", tmp_path / "kills"
+@pytest.mark.parametrize("group", sorted(kw.GROUPS))
+def test_kill_in_the_replay_window_then_run_to_the_end_twice(tmp_path, group):
+    base, log, ref = tmp_path / "job", tmp_path / "kills", tmp_path / "job" / "ref"
+    ck = base / "ck"
+    queries = kw.queries(group)
     kw.write_files(base, 0, kw.FILES)
-    hits = 0
-    for i in range(KILLS):
-        code, out = kw.run_job(front, kind, base, ck, kill_log=kills)
-        windows = kw.killed_windows(kills)
-        assert code == -9 and len(windows) == i + 1, (code, out)
-        hits += kw.window_hit(*windows[-1])
-    print(f"{front} {kind}: {hits} of {KILLS} kills in the replay window, batches "
-          f"{[b for _, b in kw.killed_windows(kills)]}")
-    assert hits == KILLS
+    for i in range(kw.KILLS):
+        code, out = kw.run_job(group, base, ck, kill_log=log)
+        assert code == -9, out
+        windows = kw.killed_windows(log)
+        assert len(windows) == len(queries) * (i + 1), (windows, out)
+        # every kill of this process landed in its query's replay window
+        assert all(kw.window_hit(q, b) for q, b, _ in windows[-len(queries):]), windows
+    hits: dict = {}
+    for q, b, how in kw.killed_windows(log):
+        hits.setdefault(os.path.relpath(q, ck).split(os.sep)[0], []).append(f"{b}{how[0]}")
+    print(f"{group}: {len(kw.killed_windows(log))} kills, each in its query's replay window "
+          f"(batch, e = right after the first state partition's write, l = after all): {hits}")
+    assert sorted(hits) == sorted(q.name for q in queries)
+    assert all(len(b) == kw.KILLS for b in hits.values()), hits
 
-    code, out = kw.run_job(front, kind, base, ck)
-    assert code == 0, out
+    code, out = kw.run_job(group, base, ck, reference=ref)
+    assert code == 0 and "failed" not in out, out
     kw.write_files(base, kw.FILES, kw.FILES + 1)
-    code, out = kw.run_job(front, kind, base, ck)
+    code, out = kw.run_job(group, base, ck, reference=ref)
     # the second run starts cleanly (nothing to replay) and ends cleanly
-    assert code == 0 and "replayed=0" in out, out
+    finished = sorted(re.findall(r"^finished (\S+) batches=(\d+) replayed=(\d+)$", out, re.M))
+    assert code == 0 and finished == sorted((q.name, "1", "0") for q in queries), out
 
-    ref = tmp_path / "ref"
-    _reference(front, kind, ref)
-    assert _table(base / "out", kind) == _table(ref / "out", kind)
-    assert _table(base / "out", kind) == kw.expected_table(kind, kw.FILES + 1)
-    assert _dead(base / "dead") == _dead(ref / "dead") == kw.EXPECTED_DEAD
-    got, want = _changelog(base / "log", kind), _changelog(ref / "log", kind)
-    assert len(want[1]) > 0
-    assert got[0] == want[0]            # each key's changes, in order
-    assert got[1] == want[1]            # every change, with its batch
+    for q in queries:
+        got = sorted(_values(read_table(q.path(base, "table")), q.cols))
+        assert got == sorted(_values(read_table(q.path(ref, "table")), q.cols)) and got, q.name
+        dead = _dead(q.path(base, "dead"))
+        assert dead == _dead(q.path(ref, "dead")), q.name
+        if group == "debezium":
+            assert got == kw.expected_table(q.kind, kw.FILES + 1), q.name
+            assert dead == kw.EXPECTED_DEAD, q.name
+        else:
+            assert [d[:2] for d in dead] == [("ev-0002.json", 2)], (q.name, dead)
+        assert _late(q.path(base, "late")) == _late(q.path(ref, "late")), q.name
+        got, want = _changelog(q.path(base, "log"), q), _changelog(q.path(ref, "log"), q)
+        assert len(want[1]) > 0, q.name
+        assert got[0] == want[0], q.name          # each key's changes, in order
+        assert got[1] == want[1], q.name          # every change, with its batch
+    if group == "event_time":
+        # the window queries' late rows (files 3 and 5) went to their late output
+        assert [len(_late(q.path(ref, "late"))) for q in queries if q.kind == "window"] == [2, 2]
