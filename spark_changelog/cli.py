@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 
 from .model.errors import PathError, UsageError, located
@@ -106,14 +107,27 @@ def cmd_run(args) -> int:
         else:
             raise UsageError("give --batch (one batch job) or --checkpoint DIR (a resumable "
                              "streaming query)")
+    if args.trigger is not None:
+        if batch:
+            raise UsageError("--trigger keeps a streaming query running: give --checkpoint DIR, "
+                             "not --batch")
+        if not _TRIGGER.match(args.trigger):
+            raise UsageError(f"--trigger {args.trigger!r} is not an interval",
+                             todo="write it as a number and a unit, e.g. --trigger '1 second', "
+                                  "'500 milliseconds' or '0 seconds' (back to back)")
     _check_outputs(checkpoint=args.checkpoint, dead_letter=args.dead_letter,
                    late_output=args.late_output, changelog=args.changelog)
     spark = _session(args)
     run_script(spark, script, batch=batch, checkpoint=args.checkpoint,
                dead_letter=args.dead_letter, strict=args.strict,
                show_progress=not args.no_progress, late_output=args.late_output,
-               changelog=args.changelog, on_finished=print_summary)
+               changelog=args.changelog, trigger=args.trigger, on_finished=print_summary)
     return 0
+
+
+#: a processing-time interval as Spark reads it ("1 second", "500 milliseconds")
+_TRIGGER = re.compile(r"^\s*\d+\s*(milliseconds?|seconds?|minutes?|hours?)\s*$",
+                      re.IGNORECASE)
 
 
 def _runtime_mode(script):
@@ -296,6 +310,11 @@ def build_parser() -> argparse.ArgumentParser:
                                                         "'spark-changelog.late-output.path')")
     r.add_argument("--changelog", metavar="DIR", help="also write the emitted changelog here "
                                                       "(Parquet, one file per micro-batch)")
+    r.add_argument("--trigger", metavar="INTERVAL",
+                   help="with --checkpoint: keep the query running with this processing-time "
+                        "trigger ('1 second'; '0 seconds' = back to back), reading files as they "
+                        "arrive, until Ctrl-C (one INSERT per script); default: the files "
+                        "present, then stop")
     r.add_argument("--no-progress", action="store_true", help="no live progress display")
     r.set_defaults(func=cmd_run)
 

@@ -444,6 +444,12 @@ def run_to_sink(df, table, *, key, schema: pa.Schema, checkpoint: Optional[str] 
                         fold_in_records()
                         if until is not None and until(report):
                             break
+                        if trigger is not None and handler.stop_requested \
+                                and not query.status.get("isTriggerActive"):
+                            # Ctrl-C while a processing-time query waits for its
+                            # next trigger: no batch would come to see the request
+                            report.interrupted = True
+                            break
                 except Exception as err:
                     fold_in_records()
                     failure = failure or handler.failure()
@@ -549,6 +555,10 @@ class BatchHandler:
         os.makedirs(self.reports_dir, exist_ok=True)
         open(self._stop_path, "w").close()
 
+    @property
+    def stop_requested(self) -> bool:
+        return os.path.exists(self._stop_path)
+
     def clear_stop(self) -> None:
         for path in (self._stop_path, self._failure_path):
             with contextlib.suppress(FileNotFoundError):
@@ -573,7 +583,7 @@ class BatchHandler:
     def run_batch(self, bdf, batch_id) -> dict:
         """One micro-batch -> its record; a stop request stops before it."""
         try:
-            if os.path.exists(self._stop_path):
+            if self.stop_requested:
                 # before this batch touches state or a sink: it is redone on resume
                 raise _StopRequested()
             return self.run(bdf, int(batch_id), _query_id(self.main_checkpoint))

@@ -50,14 +50,16 @@ class PlannedInsert:
 
     def run(self, *, checkpoint: Optional[str] = None, dead_letter: Optional[str] = None,
             strict: bool = False, progress=None, out=None, late_output: Optional[str] = None,
-            changelog_path: Optional[str] = None):
+            changelog_path: Optional[str] = None, trigger: Optional[str] = None):
         """Run the INSERT; ``late_output`` (default: the script's
         ``'spark-changelog.late-output.path'``): where window operators put late
-        rows; ``changelog_path``: also write every emitted change there."""
+        rows; ``changelog_path``: also write every emitted change there;
+        ``trigger``: a processing-time interval that keeps the streaming query
+        running until Ctrl-C (default: the files present, then stop)."""
         sink = self.make_sink(out)
         return self.stream.write_upsert(sink, checkpoint=checkpoint, dead_letter=dead_letter,
                                         strict=strict, progress=progress,
-                                        changelog_path=changelog_path,
+                                        changelog_path=changelog_path, trigger=trigger,
                                         late_output=late_output or self.settings.late_output,
                                         **self.sink_options())
 

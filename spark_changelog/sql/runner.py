@@ -87,13 +87,16 @@ def run_script(spark, script: Script, *, batch: bool, checkpoint: Optional[str] 
                dead_letter: Optional[str] = None, strict: bool = False,
                key_groups: Optional[int] = None, show_progress: bool = True,
                out: Optional[TextIO] = None, late_output: Optional[str] = None,
-               changelog: Optional[str] = None,
+               changelog: Optional[str] = None, trigger: Optional[str] = None,
                on_finished: Optional[Callable[[InsertRun], None]] = None,
                on_batch: Optional[Callable] = None) -> list[InsertRun]:
     """Plan the whole script, then run its INSERTs (see the module docstring).
     ``out``: where EXPLAIN output and print sinks write (default: stdout).
     ``changelog``: also write each INSERT's emitted changes there (Parquet,
     one file per micro-batch; a subdirectory per INSERT when there are several).
+    ``trigger``: a processing-time interval (``"1 second"``, ``"0 seconds"``)
+    that keeps the script's one streaming INSERT running, fed as files arrive,
+    until Ctrl-C (docs/runtime.md, "Freshness: what bounds it, and the trigger").
     ``on_finished``: called with each INSERT's run as soon as it finishes
     (``print_summary`` prints its summary); ``on_batch``: with the running
     INSERT's report after each of its micro-batches reached the sinks, inside
@@ -139,6 +142,11 @@ def run_script(spark, script: Script, *, batch: bool, checkpoint: Optional[str] 
     if translator.settings.ignored:
         print(f"note: SET option(s) without effect here: {', '.join(translator.settings.ignored)}",
               file=sys.stderr)
+    if trigger is not None and len(inserts) > 1:
+        raise UsageError(f"--trigger keeps one streaming INSERT running, and "
+                         f"{script.path or 'the script'} has {len(inserts)}",
+                         todo="put each INSERT INTO in its own script and run each with "
+                              "--trigger (each with its own --checkpoint)")
     runs = []
     for i, p in enumerate(inserts):
         sub = f"{i:02d}-{_safe(p.table.name)}" if len(inserts) > 1 else ""
@@ -152,7 +160,7 @@ def run_script(spark, script: Script, *, batch: bool, checkpoint: Optional[str] 
             with located(where, checkpoint=ck), progress:
                 report = p.run(checkpoint=ck, dead_letter=dl, strict=strict,
                                progress=progress.update, out=sink_out, late_output=late,
-                               changelog_path=log)
+                               changelog_path=log, trigger=trigger)
         except KeyboardInterrupt:
             _cancel_jobs(spark)
             raise Interrupted("stopped by Ctrl-C", where=where,

@@ -140,3 +140,79 @@ def test_seed_004_dedup_runs_unchanged_on_maxwell_input(spark, tmp_path, capsys)
         else:
             table.pop(vals[0], None)
     assert table == {"1": "c", "2": "b"}, lines
+
+
+def test_run_with_a_trigger_reads_files_as_they_arrive_until_ctrl_c(spark, tmp_path, capsys):
+    """``run --trigger '0 seconds'`` keeps the streaming query running: a file
+    that arrives later is read and upserted without a new run; Ctrl-C while the
+    query waits for data stops it at a micro-batch boundary (exit 130, how to
+    resume), and a second run resumes with nothing to redo."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from spark_changelog.sinks.delta import read_table
+
+    src, staging, out = tmp_path / "src", tmp_path / "staging", tmp_path / "out"
+    columns, types = ["id", "v"], ["BIGINT", "STRING"]
+    write_changelog(src, columns, types, [[("+I", [1, "a"], 1), ("+I", [2, "b"], 2)]])
+    path = write(tmp_path, f"""
+CREATE TABLE src (id BIGINT, v STRING, PRIMARY KEY (id) NOT ENFORCED)
+  WITH ({source_options(src)});
+CREATE TABLE out (id BIGINT, v STRING, PRIMARY KEY (id) NOT ENFORCED)
+  WITH ('connector' = 'delta', 'path' = '{out}');
+INSERT INTO out SELECT id, v FROM src;
+""")
+    seen = []
+
+    def rows():
+        try:
+            t = read_table(out)
+        except Exception:       # the table does not exist yet
+            return None
+        return sorted(zip(t["id"].tolist(), t["v"].tolist()))
+
+    def wait_for(expected) -> bool:
+        deadline = time.time() + 180
+        while time.time() < deadline:
+            if rows() == expected:
+                return True
+            time.sleep(0.2)
+        return False
+
+    def feed():
+        try:
+            seen.append(wait_for([(1, "a"), (2, "b")]))
+            # a later file, moved in whole (a hidden name is not read)
+            write_changelog(staging, columns, types,
+                            [[("-U", [1, "a"], 3), ("+U", [1, "A"], 4), ("-D", [2, "b"], 5),
+                              ("+I", [3, "c"], 6)]])
+            os.rename(staging / "part-0000.parquet", src / "part-0001.parquet")
+            seen.append(wait_for([(1, "A"), (3, "c")]))
+        finally:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    ck = str(tmp_path / "ck")
+    code = main(["run", path, "--checkpoint", ck, "--trigger", "0 seconds", "--no-progress"])
+    feeder.join(10)
+    err = capsys.readouterr().err
+    assert seen == [True, True], err
+    assert code == 130, err
+    assert "stopped by Ctrl-C after" in err and "at a micro-batch boundary" in err
+    assert f"run the same command again (same --checkpoint {ck}) to resume" in err
+    assert rows() == [(1, "A"), (3, "c")]
+    # the second run (the files present, then stop) finds nothing to redo
+    assert main(["run", path, "--checkpoint", ck, "--no-progress"]) == 0
+    assert rows() == [(1, "A"), (3, "c")]
+
+
+def test_trigger_needs_a_streaming_run_of_one_insert_and_an_interval(tmp_path, capsys):
+    path = write(tmp_path, "CREATE TABLE a (id INT) WITH ('connector' = 'print');")
+    assert main(["run", path, "--batch", "--trigger", "1 second"]) == 2
+    assert "--trigger keeps a streaming query running" in capsys.readouterr().err
+    assert main(["run", path, "--checkpoint", str(tmp_path / "ck"), "--trigger", "soon"]) == 2
+    err = capsys.readouterr().err
+    assert "--trigger 'soon' is not an interval" in err and "'500 milliseconds'" in err
