@@ -8,12 +8,14 @@ import os
 import sys
 
 import cluster as cl
+from long_variants import long_only
 from spark_changelog.demo import generate_debezium
 
 PRE_INIT = "pyspark.sql.streaming.transform_with_state_driver_worker"
 WRAPPER = os.path.join(os.path.dirname(sys.executable), "spark-changelog-python")
 
 
+@long_only("two deliberate waits past Spark's 10 s, about a minute")
 def test_a_slow_start_is_started_again_and_slow_imports_wait_after_connecting_back(tmp_path):
     """transformWithState's pre-init process, started on the driver when a
     query starts, is delayed twice over Spark's 10 s:
