@@ -255,6 +255,9 @@ class DeltaUpsertSink(UpsertSink):
         self.columns = tuple(self.schema.names)
         self._check_definition()
         self._dt = None
+        #: (version, directory existed before) of a table this sink created and
+        #: no batch has committed to yet: a failing first batch removes it again
+        self._created: Optional[tuple[int, bool]] = None
 
     def __getstate__(self) -> dict:
         # picklable (a Spark Connect server runs the batch handler): the open
@@ -290,7 +293,9 @@ class DeltaUpsertSink(UpsertSink):
             self._dt.update_incremental()
             return self._dt
         dl = _deltalake()
+        created = None
         if not dl.DeltaTable.is_deltatable(self.path, self.storage_options):
+            existed = local_table_dir(self.path) is not None and os.path.exists(local_table_dir(self.path))
             config = {"delta.targetFileSize": str(DEFAULT_TARGET_FILE_SIZE), **self.configuration,
                       PRIMARY_KEY_PROPERTY: json.dumps(list(self.key))}
             try:
@@ -305,6 +310,7 @@ class DeltaUpsertSink(UpsertSink):
                     # with the property ``delta.enableDeletionVectors``
                     dl.DeltaTable(self.path, storage_options=self.storage_options).alter.add_feature(
                         dl.TableFeatures.DeletionVectors, allow_protocol_versions_increase=True)
+                created = existed
             except Exception:
                 # another writer may have created it in the meantime: validate that one
                 if not dl.DeltaTable.is_deltatable(self.path, self.storage_options):
@@ -312,7 +318,28 @@ class DeltaUpsertSink(UpsertSink):
         dt = dl.DeltaTable(self.path, storage_options=self.storage_options)
         self._validate_existing(dt)
         self._dt = dt
+        if created is not None:
+            self._created = (dt.version(), created)
         return dt
+
+    def remove_if_created_empty(self) -> None:
+        """A failed batch that found no table leaves none: the table this sink
+        created for it (no version after the creation) is removed again, so a
+        failing first run writes nothing (docs/sinks.md, "One commit per
+        micro-batch, exactly once").  Local tables only."""
+        import shutil
+        table_dir = local_table_dir(self.path)
+        if self._created is None or table_dir is None:
+            return
+        version, existed = self._created
+        self._created, self._dt, self._live_files = None, None, None
+        dl = _deltalake()
+        if dl.DeltaTable(self.path, storage_options=self.storage_options).version() != version:
+            return          # another writer committed meanwhile: the table stays
+        if existed:
+            shutil.rmtree(os.path.join(table_dir, "_delta_log"), ignore_errors=True)
+        else:
+            shutil.rmtree(table_dir, ignore_errors=True)
 
     def _validate_existing(self, dt) -> None:
         where = f"Delta table at {self.path!r}"
@@ -762,6 +789,7 @@ def _drop_data_files(sink: DeltaUpsertSink, written: list[dict]) -> None:
     for f in (f for w in written for f in w["files"]):
         with contextlib.suppress(FileNotFoundError):
             fs.delete_file(f["path"])
+    sink.remove_if_created_empty()
 
 
 #: the column of a file's row positions while its keys are looked up

@@ -47,11 +47,11 @@ def test_keep_first_restarted_from_its_checkpoint_keeps_the_seen_keys(spark, tmp
     table = read_table(tmp_path / "table")
     assert table[["k", "v"]].astype(int).values.tolist() == [[1, 11], [2, 20], [3, 30], [4, 40]]
     # another query (a new checkpoint, so its keys are new to it) into the same
-    # table: it is not the table's only writer, so it MERGEs (an append would
-    # leave key 1 twice)
+    # table: it is not the table's only writer, so it upserts (deletion vectors;
+    # an append would leave key 1 twice)
     _write(tmp_path / "other", "part-0.parquet", [(1, 99, 1), (5, 50, 2)])
     other = _run(spark, tmp_path, source="other", checkpoint="ck-other")
-    assert other.sink_writes == {"merge": 1}
+    assert other.sink_writes == {"deletion vectors": 1}
     table = read_table(tmp_path / "table")
     assert table[["k", "v"]].astype(int).values.tolist() == [[1, 99], [2, 20], [3, 30], [4, 40],
                                                              [5, 50]]
