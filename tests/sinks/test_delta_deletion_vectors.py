@@ -10,27 +10,18 @@ from __future__ import annotations
 import os
 
 import numpy as np
-import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from sink_changes import SCHEMA, changes
 from spark_changelog.model import KIND_COL, SEQ_COL
 from spark_changelog.sinks.delta import (DeltaUpsertSink, StagedAppend, StagedUpsert, compact_table,
                                          read_table)
 from spark_changelog.sinks.delta_log import read_deletion_vector, write_deletion_vectors, z85_decode, z85_encode
 from tests.delta_scan import scan_delta
 
-SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string())])
-
-
-def changes(rows):
-    """rows: (kind, seq, id, name) in arrival order"""
-    return pa.table({"id": pa.array([r[2] for r in rows], pa.int64()),
-                     "name": pa.array([r[3] for r in rows], pa.string()),
-                     KIND_COL: pa.array([r[0] for r in rows], pa.int8()),
-                     SEQ_COL: pa.array([r[1] for r in rows], pa.int64())})
 
 
 def staged_write(sink, rows, batch_id, partitions=3, query_id="q"):

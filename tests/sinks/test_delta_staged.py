@@ -11,18 +11,10 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
+from sink_changes import SCHEMA, changes
 from spark_changelog.model import KIND_COL, SEQ_COL
 from spark_changelog.sinks.delta import DeltaUpsertSink, StagedUpsert, read_table
 
-SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string())])
-
-
-def changes(rows):
-    """rows: (kind, seq, id, name)"""
-    return pa.table({"id": pa.array([r[2] for r in rows], pa.int64()),
-                     "name": pa.array([r[3] for r in rows], pa.string()),
-                     KIND_COL: pa.array([r[0] for r in rows], pa.int8()),
-                     SEQ_COL: pa.array([r[1] for r in rows], pa.int64())})
 
 
 def test_a_first_batch_is_written_by_the_executors_and_committed_once(spark, tmp_path):
