@@ -50,6 +50,7 @@ Flink's check covers the query's result, not its materializer.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import subprocess
@@ -113,6 +114,7 @@ def job_windows(inputs: dict) -> dict:
     return {"sources": {"clicks": inputs["clicks"]}, "source_kind": "clicks",
             "sink_cols": "window_start TIMESTAMP(3), window_end TIMESTAMP(3), users BIGINT",
             "sink_key": "window_start, window_end", "check_cols": ["users"],
+            "check_before": inputs["clicks_closing"],
             "query": "SELECT window_start, window_end, COUNT(DISTINCT u) AS users "
                      "FROM TABLE(TUMBLE(TABLE clicks, DESCRIPTOR(rt), INTERVAL '1' MINUTE)) "
                      "GROUP BY window_start, window_end",
@@ -157,9 +159,15 @@ def check_columns(job: dict) -> list[str]:
 
 
 def check_sql(job: dict) -> str:
-    """The fingerprint of the final table: row count and the sum of each checked column."""
+    """The fingerprint of the final table: row count and the sum of each checked
+    column (for windows, of the windows before the closing clicks' one)."""
     sums = "".join(f", SUM({c})" for c in check_columns(job))
-    return f"SELECT COUNT(*){sums} FROM ({job['query']})"
+    where = f" WHERE window_start < TIMESTAMP '{_utc(job['check_before'])}'" if "check_before" in job else ""
+    return f"SELECT COUNT(*){sums} FROM ({job['query']}){where}"
+
+
+def _utc(ms: int) -> str:
+    return datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
 
 
 # --------------------------------------------------------------------------- ours
@@ -212,7 +220,7 @@ def run_ours(job: dict, work: str, mode: str, log: str, sink: str = "delta", exp
     result["whole"] = result["process_start_to_first_job_end"] + _python_start_overhead(sys.executable)
     result["process_total"] = whole_with_exit
     if sink == "delta":
-        result["check"] = delta_fingerprint(out, check_columns(job))
+        result["check"] = delta_fingerprint(out, check_columns(job), job.get("check_before"))
     return result
 
 
@@ -241,13 +249,21 @@ def ours_child(spec_path: str) -> None:
     print("RESULT " + json.dumps(result), flush=True)
 
 
-def delta_fingerprint(path: str, cols: list[str]) -> list[int]:
+def delta_fingerprint(path: str, cols: list[str], before_ms: int | None = None) -> list[int]:
+    """Row count and column sums of the Delta table (only the windows that
+    start before ``before_ms``, when given: see :func:`generate_clicks`)."""
     from deltalake import DeltaTable
 
     from spark_changelog.sinks.delta import read_arrow_table
     if not DeltaTable.is_deltatable(path):      # a job that emitted nothing
         return [0] + [0 for _ in cols]
     df = read_arrow_table(path).to_pandas()
+    if before_ms is not None:
+        import pandas as pd
+        start = df["window_start"]
+        if getattr(start.dtype, "tz", None) is not None:
+            start = start.dt.tz_convert(None)
+        df = df[start < pd.Timestamp(_utc(before_ms))]
     return [len(df)] + [int(df[c].astype("int64").sum()) for c in cols]
 
 
@@ -330,14 +346,14 @@ def ensure_inputs(events: int, ids: int, files: int, cache: str) -> dict:
     if not os.path.isdir(plain):
         generate_insert_only(plain + ".tmp", events, ids, files)
         os.replace(plain + ".tmp", plain)
-    clicks = os.path.join(cache, f"clicks-{events}-{ids}-{files}")
+    clicks = os.path.join(cache, f"clicks-closing-{events}-{ids}-{files}")
     if not os.path.isdir(clicks):
         generate_clicks(clicks + ".tmp", events, max(ids // 10, 100), files)
         os.replace(clicks + ".tmp", clicks)
     return {"main": cached_files(cache, events, ids, files),
             "left": cached_files(cache, events // 2, ids, files),
             "right": cached_files(cache, events // 2, ids, files, seed=11),
-            "insert_only": plain, "clicks": clicks}
+            "insert_only": plain, "clicks": clicks, "clicks_closing": closing_window_bound(events)}
 
 
 def generate_insert_only(directory: str, events: int, ids: int, files: int, seed: int = 7) -> None:
@@ -356,22 +372,43 @@ def generate_insert_only(directory: str, events: int, ids: int, files: int, seed
             fh.writelines(f'{{"id":{k},"g":{g},"v":{v},"op":"+I"}}\n' for k, g, v in zip(ks, gs, vs))
 
 
+CLICKS_START_MS = 1_600_000_000_000
+CLOSING_GAP_MS = 10 * 86_400_000
+
+
+def closing_window_bound(events: int) -> int:
+    """A time (ms) between the last real click and the closing clicks: the
+    check compares the windows that start before it.  Five days from either
+    side, so a time zone's offset cannot move a window across it."""
+    return CLICKS_START_MS + events * 60 + CLOSING_GAP_MS // 2
+
+
 def generate_clicks(directory: str, events: int, users: int, files: int, seed: int = 7) -> None:
     """JSON lines ``{"u", "t", "op": "+I"}``: ``events`` clicks over ``users``
     users, event time ``t`` (ms) advancing 60 ms per click (1000 per minute),
     5% of them up to 9.9 s behind (within the watermark's 10 s bound, so no
-    row is late on either engine); the files split the run in time order."""
+    row is late on either engine); the files split the run in time order.
+
+    Each file ends with one closing click ten days after the last real one.
+    Flink's bounded source closes every window at the end of input; a
+    streaming run of ours ends when the input is read, with the windows its
+    watermark has not passed still open (they close when later input comes,
+    as in a stream that goes on).  The closing clicks move every partition's
+    watermark past all real windows on both engines, so the tables agree on
+    them; only the closing window itself differs, and the check leaves it
+    out (:func:`closing_window_bound`)."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
     os.makedirs(directory)
-    t = 1_600_000_000_000 + np.arange(events, dtype=np.int64) * 60
+    t = CLICKS_START_MS + np.arange(events, dtype=np.int64) * 60
     behind = rng.random(events) < 0.05
     t[behind] -= rng.integers(0, 9_900, int(behind.sum()))
     us = rng.integers(0, users, events)
     for f, part in enumerate(np.array_split(np.arange(events), files)):
         with open(os.path.join(directory, f"part-{f}.json"), "w") as fh:
             fh.writelines(f'{{"u":{us[i]},"t":{t[i]},"op":"+I"}}\n' for i in part)
+            fh.write(f'{{"u":0,"t":{CLICKS_START_MS + events * 60 + CLOSING_GAP_MS},"op":"+I"}}\n')
 
 
 def main(argv=None) -> None:
