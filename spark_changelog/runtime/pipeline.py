@@ -1,13 +1,16 @@
 """Running a changelog stream into its sinks, in batch or as a streaming query.
 
-Per micro-batch (one batch for a bounded input): the operator output is
-collected as Arrow, side rows and changes with a null sink key are split off
-(vectorized, the batch stays Arrow), the emitted changelog goes to the
-optional changelog sink (one file per batch id, overwritten on replay) and
-the batch goes as Arrow to the upsert sink (``UpsertSink.write_arrow_batch``),
-which applies the net change per key in one atomic commit that records
-(query id, batch id), so a batch replayed after a crash is skipped
-(docs/sinks.md).
+Per micro-batch (one batch for a bounded input): where the upsert sink has a
+staged writer (Delta, PostgreSQL, blackhole) the operator output stays on the
+executors (``runtime.sink_writers``): each partition splits off its side rows
+and changes with a null sink key, writes its part of the emitted changelog to
+the optional changelog output and stages its net changes for the upsert sink;
+the driver gets counts back and commits the changelog's batch (one commit
+file, replacing a replayed batch's) and then the upsert sink's, which applies
+the net change per key in one atomic commit that records (query id, batch
+id), so a batch replayed after a crash is skipped (docs/sinks.md).  Where it
+has none (print, a Delta ``MERGE``), the batch is collected as Arrow and both
+are written from the driver, the same way.
 
 Side rows (``_kind = -1``, JSON in ``_metrics``) travel with the data through
 every operator, projection and join (``runtime.spark_keyed``): operator
@@ -602,19 +605,16 @@ class BatchHandler:
             f.write(data)
         os.replace(self._failure_path + ".tmp", self._failure_path)
 
-    @property
-    def distributed(self) -> bool:
-        """The sink may be written by the executors (a sink with a staged
-        writer, and no changelog output, which writes from the driver)."""
-        return self.changelog is None and hasattr(self.sink, "stage_batch")
-
     def run(self, df, batch_id: int, query_id: str) -> dict:
         """The batch ``df`` (a micro-batch, or the whole bounded output) ->
         its record.  A sink may stage this batch on the executors (its
-        ``stage_batch`` gives a stage) or not (``None``: collected)."""
-        stage = self.sink.stage_batch(query_id, batch_id) if self.distributed else None
-        if stage is not None:
-            return self.handle_distributed(df, stage, batch_id, query_id)
+        ``stage_batch`` gives a stage) or not (``None``: collected, and the
+        changelog output is then written from here too)."""
+        log_stage = self.changelog.stage_batch(query_id, batch_id) if self.changelog is not None else None
+        if self.changelog is None or log_stage is not None:
+            stage = self.sink.stage_batch(query_id, batch_id) if hasattr(self.sink, "stage_batch") else None
+            if stage is not None:
+                return self.handle_distributed(df, stage, batch_id, query_id, log_stage)
         return self.handle(df.toArrow(), batch_id, query_id)
 
     def handle(self, batch: pa.Table, batch_id: int, query_id: str) -> dict:
@@ -626,27 +626,33 @@ class BatchHandler:
         from .session import native_stderr_to_log
         with native_stderr_to_log():
             if self.changelog is not None:
-                self.changelog.write_batch(data.to_pandas(), batch_id=batch_id, query_id=query_id)
+                self.changelog.write_arrow_batch(data, batch_id=batch_id, query_id=query_id)
             started = time.time()
             result = self.sink.write_arrow_batch(data, query_id=query_id, batch_id=batch_id)
         return self._with_result(record, result, data.num_rows, started)
 
-    def handle_distributed(self, df, stage, batch_id: int, query_id: str) -> dict:
-        """The batch stays on the executors: the sink writers stage it
+    def handle_distributed(self, df, stage, batch_id: int, query_id: str, log_stage=None) -> dict:
+        """The batch stays on the executors: the sink writers write the
+        changelog output's parts (``log_stage``) and stage the sink's batch
         (``runtime.sink_writers``), only side rows, null-key rejects and counts
-        come back, then the sink commits the staged batch in one step."""
+        come back; then the changelog's batch is committed, then the sink's,
+        each in one step.  Nothing of a batch that fails before is visible."""
         from .sink_writers import write_partitions
-        written: list = []
+        stages = [s for s in (log_stage, stage) if s is not None]
+        written: list = [[] for _ in stages]
         try:
-            payloads, rejects, written = write_partitions(df, stage, self.key, self.table_name)
+            payloads, rejects, written = write_partitions(df, stages, self.key, self.table_name)
             rejects = pd.DataFrame(rejects, columns=["raw", "file", "line", "reason"])
             record = self._side_rows(payloads, rejects, batch_id)
+            if log_stage is not None:
+                log_stage.commit(written[0])
         except BaseException:
-            stage.drop(written)     # nothing of the batch reached the table
+            for s, w in zip(stages, written):
+                s.drop(w)       # nothing of the batch reached the table (nor the changelog)
             raise
         started = time.time()
-        result = stage.commit(written)
-        return self._with_result(record, result, sum(w["rows"] for w in written), started)
+        result = stage.commit(written[-1])
+        return self._with_result(record, result, sum(w["rows"] for w in written[-1]), started)
 
     @staticmethod
     def _with_result(record: dict, result: dict, changes: int, commit_started: float) -> dict:

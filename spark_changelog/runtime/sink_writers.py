@@ -6,15 +6,16 @@ key (every change of a key in one partition) and each partition, on an
 executor, is: put back in the order the driver would have collected it (its
 position before the shuffle, ``monotonically_increasing_id``, which orders
 like ``toArrow``), split into side rows, changes with a null sink key and
-data rows, and its data rows reduced to the net change per key and written
-by the sink's staged writer (``stage.write_partition``: PostgreSQL ``COPY``
-into the batch's staging table).  What comes back to the driver is small:
-the side rows (counters, dead letters), the null-key rejects, and per
-partition its row counts.  The driver then commits the batch in one step
-(``stage.commit``).
+data rows, and its data rows handed to each stage's writer
+(``stage.write_partition``): the changelog output's part file, then the
+upsert sink's (PostgreSQL ``COPY`` into the batch's staging table, Delta data
+files and deletion-vector positions).  What comes back to the driver is
+small: the side rows (counters, dead letters), the null-key rejects, and per
+partition and stage its counts.  The driver then commits each stage in one
+step (``stage.commit``).
 
-Only picklable config travels: the stage object (connection string, table
-names, columns), the key and the table name.
+Only picklable config travels: the stage objects (paths, connection string,
+table names, columns), the key and the table name.
 """
 from __future__ import annotations
 
@@ -53,8 +54,8 @@ def split_side_rows(table: pa.Table) -> tuple[pa.Table, list[dict]]:
 class PartitionWriter:
     """``mapInArrow`` function of the sink writers (picklable)."""
 
-    def __init__(self, stage, key: Sequence[str], table_name: str):
-        self.stage, self.key, self.table_name = stage, tuple(key), table_name
+    def __init__(self, stages: Sequence, key: Sequence[str], table_name: str):
+        self.stages, self.key, self.table_name = tuple(stages), tuple(key), table_name
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
@@ -74,22 +75,29 @@ class PartitionWriter:
         for r in (json.loads(rejects.to_json(orient="records")) if len(rejects) else []):
             kinds.append("reject")
             out.append(json.dumps(r, default=str))
-        counts = self.stage.write_partition(data, TaskContext.get().partitionId())
-        kinds.append("written")
-        out.append(json.dumps(dict(counts, rows=data.num_rows)))
+        partition = TaskContext.get().partitionId()
+        for i, stage in enumerate(self.stages):
+            counts = stage.write_partition(data, partition)
+            kinds.append("written")
+            out.append(json.dumps(dict(counts, rows=data.num_rows, stage=i)))
         yield pa.RecordBatch.from_arrays([pa.array(kinds, pa.string()), pa.array(out, pa.string())],
                                          schema=_RESULT_ARROW)
 
 
-def write_partitions(df, stage, key: Sequence[str], table_name: str
-                     ) -> tuple[list[dict], list[dict], list[dict]]:
-    """Run the sink writers over the batch ``df`` -> (side-row payloads,
-    null-key rejects, per-partition counts), the only things collected."""
+def write_partitions(df, stages: Sequence, key: Sequence[str], table_name: str
+                     ) -> tuple[list[dict], list[dict], list[list[dict]]]:
+    """Run the sink writers of ``stages`` over the batch ``df`` -> (side-row
+    payloads, null-key rejects, per stage its per-partition counts), the only
+    things collected."""
     from pyspark.sql import functions as F
     tagged = df.withColumn(POSITION_COL, F.monotonically_increasing_id())
     # a sink without a key (blackhole) takes the partitions as they are
     shuffled = tagged.repartition(*[F.col(k) for k in key]) if key else tagged
-    side, rejects, written = [], [], []
-    for row in shuffled.mapInArrow(PartitionWriter(stage, key, table_name), RESULT_SCHEMA).collect():
-        {"side": side, "reject": rejects, "written": written}[row["kind"]].append(json.loads(row["payload"]))
+    side, rejects, written = [], [], [[] for _ in stages]
+    for row in shuffled.mapInArrow(PartitionWriter(stages, key, table_name), RESULT_SCHEMA).collect():
+        payload = json.loads(row["payload"])
+        if row["kind"] == "written":
+            written[payload.pop("stage")].append(payload)
+        else:
+            (side if row["kind"] == "side" else rejects).append(payload)
     return side, rejects, written
