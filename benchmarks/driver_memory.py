@@ -2,21 +2,23 @@
 upsert sink (docs/runtime.md, "Sink writers on the executors").
 
     scripts/bench driver-memory [--rows 1000000,10000000] [--paths staged,collect]
-                                [--sink postgres|delta]
+                                [--sink postgres|delta] [--changelog] [--inserts-only]
 
 Each (rows, path) runs as its own process (``local[2]``, the pipeline's
 ``BatchHandler.run``, the step every micro-batch takes), writing N generated
 changes (+I of N keys: id, a 40-character name, a score) into a new table;
 with ``--sink delta`` then a second batch of N updates of those keys (+U,
-applied with deletion vectors, docs/sinks.md):
+applied with deletion vectors, docs/sinks.md; ``--inserts-only`` leaves it
+out).  ``--changelog``: every batch also goes to a changelog output (Parquet,
+``changelog_path``), whose committed row count is checked:
 
 * ``staged``: the sink writers stage the batch on the executors (COPY into the
-  batch's staging table; Delta: data files, and the updated rows' positions),
-  only counts (and Delta's positions, as RoaringBitmaps) come back, the
-  driver commits;
-* ``collect``: the reference in the same run, the path a changelog output
-  still takes: the batch collected as Arrow on the driver (``toArrow()``),
-  then written from there.
+  batch's staging table; Delta: data files, and the updated rows' positions;
+  the changelog's part files), only counts (and Delta's positions, as
+  RoaringBitmaps) come back, the driver commits;
+* ``collect``: the reference in the same run, the path of a sink without a
+  staged writer (print, a Delta MERGE): the batch collected as Arrow on the
+  driver (``toArrow()``), then written from there (the changelog too).
 
 Peak memory is Linux's high-water mark of resident memory (``VmHWM``) of the
 driver's Python process and of its JVM (which, on ``local[2]``, also hosts the
@@ -78,8 +80,9 @@ def jvm_pid() -> int:
     raise RuntimeError("no JVM below this process")
 
 
-def child(rows: int, path: str, conninfo: str) -> None:
-    """``conninfo``: a PostgreSQL connection string, or ``delta:<directory>``."""
+def child(rows: int, path: str, conninfo: str, changelog: "str | None", inserts_only: bool) -> None:
+    """``conninfo``: a PostgreSQL connection string, or ``delta:<directory>``;
+    ``changelog``: a directory for the changelog outputs, or None."""
     import pyarrow as pa
     from pyspark.sql import functions as F
 
@@ -113,20 +116,32 @@ def child(rows: int, path: str, conninfo: str) -> None:
     if conninfo.startswith("delta:"):
         from spark_changelog.sinks.delta import DeltaUpsertSink
         sink = DeltaUpsertSink(os.path.join(conninfo[len("delta:"):], f"mem_{path}_{rows}"), ["id"], schema)
-        batches = [df, df.withColumn("_kind", F.lit(2).cast("tinyint")).withColumn("name", F.lit("updated"))]
+        batches = [df] if inserts_only else \
+            [df, df.withColumn("_kind", F.lit(2).cast("tinyint")).withColumn("name", F.lit("updated"))]
     else:
         sink = PostgresUpsertSink(conninfo, f"mem_{path}_{rows}", ["id"], schema)
         batches = [df]
     before = {"python_mb": vm_hwm_mb(os.getpid()), "jvm_mb": vm_hwm_mb(jvm)}
     t = time.perf_counter()
     writes: dict = {}
-    for batch in batches:
+    logs = []
+    for i, batch in enumerate(batches):
+        # a run of a bounded input is batch 0: one changelog output per run
+        logs.append(os.path.join(changelog, f"log_{path}_{rows}_{i}") if changelog else None)
         report = ChangelogStream.from_dataframe(batch, primary_key=["id"]).write_upsert(
-            sink if path == "staged" else Collected(sink))
+            sink if path == "staged" else Collected(sink), changelog_path=logs[-1])
         assert report.upserted == rows, report
         for k, v in report.sink_writes.items():
             writes[k] = writes.get(k, 0) + v
     secs = time.perf_counter() - t
+    if changelog:
+        from spark_changelog.sinks.changelog import committed_batches
+        for log in logs:
+            [(_, parts)] = committed_batches(log)
+            with open(os.path.join(parts[0].parent.parent, "_commit.json")) as f:
+                commit = json.load(f)
+            assert commit["rows"] == rows, commit
+            writes["changelog parts"] = writes.get("changelog parts", 0) + len(parts)
     print(json.dumps({"rows": rows, "path": path, "seconds": round(secs, 1),
                       "python_peak_mb": round(vm_hwm_mb(os.getpid()), 1),
                       "jvm_peak_mb": round(vm_hwm_mb(jvm), 1),
@@ -143,10 +158,13 @@ def main() -> None:
     ap.add_argument("--rows", default="1000000,10000000")
     ap.add_argument("--paths", default="staged,collect")
     ap.add_argument("--sink", choices=["postgres", "delta"], default="postgres")
-    ap.add_argument("--child", nargs=3, metavar=("ROWS", "PATH", "CONNINFO"))
+    ap.add_argument("--changelog", action="store_true", help="also write a changelog output")
+    ap.add_argument("--inserts-only", action="store_true", help="Delta: no second batch of updates")
+    ap.add_argument("--child", nargs=5, metavar=("ROWS", "PATH", "CONNINFO", "CHANGELOG", "INSERTS_ONLY"))
     args = ap.parse_args()
     if args.child:
-        child(int(args.child[0]), args.child[1], args.child[2])
+        child(int(args.child[0]), args.child[1], args.child[2],
+              None if args.child[3] == "-" else args.child[3], args.child[4] == "1")
         return
     import shutil
     import tempfile
@@ -162,7 +180,8 @@ def main() -> None:
         for rows in (int(r) for r in args.rows.split(",")):
             for path in args.paths.split(","):
                 load = machine_load()
-                _, out = run_process([sys.executable, __file__, "--child", str(rows), path, conninfo], log)
+                _, out = run_process([sys.executable, __file__, "--child", str(rows), path, conninfo,
+                                      work if args.changelog else "-", "1" if args.inserts_only else "0"], log)
                 r = json.loads(out.strip().splitlines()[-1])
                 r["load_before"], r["load_after"] = load, machine_load()
                 print(json.dumps(r), flush=True)
@@ -174,7 +193,8 @@ def main() -> None:
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H%M%S+0000")
     out = os.path.join(ROOT, "benchmarks", "results", f"driver-memory-{stamp}.json")
     with open(out, "w") as f:
-        json.dump({"benchmark": "driver-memory", "sink": args.sink, "master": "local[2]", "results": results},
+        json.dump({"benchmark": "driver-memory", "sink": args.sink, "changelog": args.changelog,
+                   "inserts_only": args.inserts_only, "master": "local[2]", "results": results},
                   f, indent=1)
     print(f"results: {out}")
 

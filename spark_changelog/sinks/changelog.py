@@ -107,6 +107,7 @@ _DIR_RE = re.compile(r"^batch-(\d{20})$")
 #: the layout of earlier versions: one file per batch beside ``_schema.arrow``
 _LEGACY_RE = re.compile(r"^batch-(\d{20})\.(parquet|json)$")
 _OP_TO_KIND = {"+I": 0, "-U": 1, "+U": 2, "-D": 3}
+_OP_NAMES = pa.array(SHORT_NAMES.tolist(), pa.string())
 #: how often a reader re-reads a batch's commit when a file it lists is gone
 #: (a replay's commit replaced it meanwhile and deleted the older attempt)
 _READ_TRIES = 5
@@ -365,8 +366,8 @@ class StagedChangelog:
         target = self.batch_dir / name
         target.parent.mkdir(parents=True, exist_ok=True)
         if s.format == "parquet":
-            table = data.append_column(OP_COL, pa.array(SHORT_NAMES[kinds].tolist(), pa.string())) \
-                .append_column(SEQ_COL, pa.array(seqs, pa.int64()))
+            ops = pc.take(_OP_NAMES, pa.array(kinds))     # no Python string per row
+            table = data.append_column(OP_COL, ops).append_column(SEQ_COL, pa.array(seqs, pa.int64()))
             _atomic_write(target, lambda p: pq.write_table(table, p))
         else:
             lines = _debezium_lines(data, kinds, seqs, s.key)
