@@ -22,7 +22,10 @@ out).  ``--changelog``: every batch also goes to a changelog output (Parquet,
 
 Peak memory is Linux's high-water mark of resident memory (``VmHWM``) of the
 driver's Python process and of its JVM (which, on ``local[2]``, also hosts the
-executors: its share of the shuffle is not the driver's).  Starts its own
+executors: its share of the shuffle is not the driver's).  ``--master
+standalone`` runs the jobs on a two-worker standalone cluster started on this
+machine (tests/cluster.py, docs/deploy.md), where the driver's JVM is the
+driver's alone.  Starts its own
 PostgreSQL (tests/pgserver.py) unless ``SPARK_CHANGELOG_PG_CONNINFO`` is set;
 the jobs' stderr goes to ``$SPARK_CHANGELOG_LOG``.
 Results: ``benchmarks/results/driver-memory-<UTC time>.json``, with the load.
@@ -106,7 +109,8 @@ def child(rows: int, path: str, conninfo: str, changelog: "str | None", inserts_
         def last_batch_id(self, query_id):
             return self.inner.last_batch_id(query_id)
 
-    spark = build_session("driver-memory")
+    spark = build_session("driver-memory", master=os.environ.get("BENCH_MASTER"),
+                          configs=json.loads(os.environ.get("BENCH_CONFS", "{}")))
     jvm = jvm_pid()
     df = spark.range(rows).select(
         F.col("id"), F.sha1(F.col("id").cast("string")).substr(1, 40).alias("name"),
@@ -160,6 +164,8 @@ def main() -> None:
     ap.add_argument("--sink", choices=["postgres", "delta"], default="postgres")
     ap.add_argument("--changelog", action="store_true", help="also write a changelog output")
     ap.add_argument("--inserts-only", action="store_true", help="Delta: no second batch of updates")
+    ap.add_argument("--master", choices=["local", "standalone"], default="local",
+                    help="local[2], or a two-worker standalone cluster started here")
     ap.add_argument("--child", nargs=5, metavar=("ROWS", "PATH", "CONNINFO", "CHANGELOG", "INSERTS_ONLY"))
     args = ap.parse_args()
     if args.child:
@@ -175,7 +181,17 @@ def main() -> None:
     work = tempfile.mkdtemp(prefix="driver-memory-")
     log = os.environ.get("SPARK_CHANGELOG_LOG", "/tmp/spark-changelog.log")
     results = []
+    cluster, master = None, "local[2]"
     try:
+        if args.master == "standalone":
+            import importlib.util   # tests/cluster.py, by path (benchmarks/ has a cluster.py too)
+            spec = importlib.util.spec_from_file_location("test_cluster_support",
+                                                          os.path.join(ROOT, "tests", "cluster.py"))
+            cl = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(cl)
+            cluster = cl.StandaloneCluster(os.path.join(work, "cluster")).start()
+            master = f"standalone, {cluster.n_workers} workers x {cluster.cores} core"
+            os.environ.update(BENCH_MASTER=cluster.url, BENCH_CONFS=json.dumps(cluster.job_confs()))
         conninfo = pg.create_database("driver_memory") if pg else f"delta:{work}"
         for rows in (int(r) for r in args.rows.split(",")):
             for path in args.paths.split(","):
@@ -187,6 +203,8 @@ def main() -> None:
                 print(json.dumps(r), flush=True)
                 results.append(r)
     finally:
+        if cluster:
+            cluster.stop()
         if pg:
             pg.stop()
         shutil.rmtree(work, ignore_errors=True)
@@ -194,7 +212,7 @@ def main() -> None:
     out = os.path.join(ROOT, "benchmarks", "results", f"driver-memory-{stamp}.json")
     with open(out, "w") as f:
         json.dump({"benchmark": "driver-memory", "sink": args.sink, "changelog": args.changelog,
-                   "inserts_only": args.inserts_only, "master": "local[2]", "results": results},
+                   "inserts_only": args.inserts_only, "master": master, "results": results},
                   f, indent=1)
     print(f"results: {out}")
 

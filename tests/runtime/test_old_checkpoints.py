@@ -47,4 +47,8 @@ def test_checkpoint_with_random_run_ids_resumes_exactly(spark, tmp_path):
     assert sorted(map(tuple, table[COLS].astype(object).values.tolist())) == EXPECTED_TABLE
     log = read_changelog(old / "log")
     assert [(r["op"], r["id"], r["name"], r["score"]) for _, r in log.iterrows()] == EXPECTED_CHANGELOG
+    # the changelog of the earlier layout (a file per batch) goes on in committed directories
+    assert sorted(os.listdir(old / "log")) == ["_schema.arrow", "batch-00000000000000000000.parquet",
+                                               "batch-00000000000000000001.parquet",
+                                               "batch-00000000000000000002", "batch-00000000000000000003"]
     assert os.path.exists(old / "ck" / "main" / "commits" / "3")
