@@ -146,14 +146,35 @@ def cmd_explain(args) -> int:
 
 
 def cmd_cat(args) -> int:
+    """Print an upsert table's rows, or a changelog output's changes (batch,
+    op, _seq, values; by batch, then emission order: docs/sinks.md)."""
     from .runtime.paths import delta_table_problem
-    from .sinks.delta import read_table
+    from .sinks.changelog import is_changelog_output
+    from .sinks.text import csv_ready, json_lines
+    if os.path.isdir(args.table) and is_changelog_output(args.table) \
+            and not os.path.isdir(os.path.join(args.table, "_delta_log")):
+        from .sinks.changelog import BATCH_COL, OP_COL, read_changelog, read_changelog_arrow
+        from .model import SEQ_COL
+        if args.format == "csv":
+            log = read_changelog(args.table)
+            first = [BATCH_COL, OP_COL, SEQ_COL]
+            csv_ready(log[first + [c for c in log.columns if c not in first + ["_kind"]]]) \
+                .to_csv(sys.stdout, index=False)
+        else:
+            log = read_changelog_arrow(args.table)
+            first = [BATCH_COL, OP_COL, SEQ_COL]
+            for line in json_lines(log.select(first + [c for c in log.column_names if c not in first])):
+                sys.stdout.write(line + "\n")
+        return 0
     problem = delta_table_problem(args.table)
     if problem:
+        if "no _delta_log" in problem:
+            problem = (f"{args.table} is neither a Delta table (no _delta_log directory) nor a "
+                       "changelog output (no _schema.arrow)")
         raise PathError(f"cannot print table: {problem}",
-                        todo="give the directory of a table written by spark-changelog")
-    from .sinks.delta import read_arrow_table
-    from .sinks.text import csv_ready, json_lines
+                        todo="give the directory of a table or a --changelog output written by "
+                             "spark-changelog")
+    from .sinks.delta import read_arrow_table, read_table
     if args.format == "csv":
         csv_ready(read_table(args.table)).to_csv(sys.stdout, index=False)
     else:
@@ -326,7 +347,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the plan of `run --batch` (default: the streaming plan of `run --checkpoint`)")
     e.set_defaults(func=cmd_explain)
 
-    c = sub.add_parser("cat", help="print the current rows of an upsert table")
+    c = sub.add_parser("cat", help="print the current rows of an upsert table, or every change of "
+                                   "a --changelog output")
     c.add_argument("table")
     c.add_argument("--format", default="csv", choices=["csv", "json"])
     c.set_defaults(func=cmd_cat)

@@ -109,5 +109,21 @@ def run_demo(output: str, rows: int = 200_000, keys: int = 20_000, streaming: bo
     ok = got.equals(expected.astype(got.dtypes.to_dict()))
     print(f"check: final table has {len(got):,} rows; expected {len(expected):,}: "
           + ("identical" if ok else "DIFFERENT"))
-    print(f"read it with: .venv/bin/spark-changelog cat {table} | head")
-    return 0 if ok else 1
+    replayed, changes = replay_changelog(os.path.join(output, "changelog"))
+    log_ok = replayed.equals(got.astype(replayed.dtypes.to_dict()))
+    print(f"check: the changelog's {changes:,} changes replayed per key give the table: "
+          + ("identical" if log_ok else "DIFFERENT"))
+    print(f"read it with: .venv/bin/spark-changelog cat {table} | head   "
+          f"(its changes: cat {os.path.join(output, 'changelog')})")
+    return 0 if ok and log_ok else 1
+
+
+def replay_changelog(path: str) -> "tuple[pd.DataFrame, int]":
+    """The table a changelog output gives when its changes are applied one
+    by one in the order it is read (batch, then emission order): each key's
+    last change, kept if it is an addition -> (that table by id, changes read)."""
+    from .sinks.changelog import read_changelog
+    log = read_changelog(path)
+    last = log.drop_duplicates("id", keep="last")
+    table = last[last["op"].isin(["+I", "+U"])][["id", "name", "balance", "updated_at"]]
+    return table.sort_values("id").reset_index(drop=True), len(log)

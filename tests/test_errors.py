@@ -270,8 +270,8 @@ PRE_SPARK = [
             "error: cannot print table: {tmp}/nope does not exist (nearest existing directory: "
             "{tmp})", 1),
     Mistake("cat of a directory that is no table", cat_not_a_table,
-            "error: cannot print table: {tmp}/plain is not a Delta table (no _delta_log "
-            "directory)", 1),
+            "error: cannot print table: {tmp}/plain is neither a Delta table (no _delta_log "
+            "directory) nor a changelog output (no _schema.arrow)", 1),
     Mistake("normalize: missing input", normalize_missing_input,
             "error: input path {tmp}/nope does not exist (nearest existing directory: {tmp})", 1),
     Mistake("normalize --streaming without --checkpoint", normalize_streaming_without_checkpoint,

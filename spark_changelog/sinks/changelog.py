@@ -94,7 +94,8 @@ from .base import check_kinds
 from ..model import KIND_COL, METADATA_COLUMNS, SEQ_COL, RowKind, as_key
 from ..model.rowkind import IS_ADD, SHORT_NAMES
 
-__all__ = ["ChangelogSink", "StagedChangelog", "read_changelog", "committed_batches",
+__all__ = ["ChangelogSink", "StagedChangelog", "read_changelog", "read_changelog_arrow",
+           "committed_batches", "is_changelog_output",
            "OP_COL", "BATCH_COL", "FORMATS"]
 
 OP_COL = "op"
@@ -609,6 +610,31 @@ def _read_batch_dir(batch_dir: Path, schema: Optional[pa.Schema]) -> Optional[pa
                        f"({_READ_TRIES} tries); is a query replaying it right now?")
 
 
+def is_changelog_output(path: "str | os.PathLike") -> bool:
+    """``path`` is a directory this sink wrote (its ``_schema.arrow``)."""
+    return (Path(path) / SCHEMA_FILE).is_file()
+
+
+def read_changelog_arrow(path: "str | os.PathLike") -> pa.Table:
+    """:func:`read_changelog` as Arrow, the values as written: the data
+    columns, ``op``, ``_seq`` and ``_batch``."""
+    path = Path(path)
+    schema = _read_schema(path)
+    tables = []
+    for batch_id, source in _batch_sources(path):
+        t = _read_file(source, schema) if source.is_file() else _read_batch_dir(source, schema)
+        if t is not None:
+            tables.append(t.append_column(BATCH_COL, pa.array(np.full(len(t), batch_id, np.int64))))
+    if schema is None:  # nothing was ever written
+        schema = pa.schema([])
+    if not tables:
+        empty = schema.empty_table()
+        tables = [empty.append_column(OP_COL, pa.array([], pa.string()))
+                  .append_column(SEQ_COL, pa.array([], pa.int64()))
+                  .append_column(BATCH_COL, pa.array([], pa.int64()))]
+    return pa.concat_tables(tables)
+
+
 def read_changelog(path: "str | os.PathLike") -> pd.DataFrame:
     """All rows written under ``path``, ordered by batch id then emission order.
 
@@ -618,22 +644,10 @@ def read_changelog(path: "str | os.PathLike") -> pd.DataFrame:
     batches are read (a batch being written or replayed is read whole, as
     it was or as it is after, never half), in the old layout as in the new.
     """
-    path = Path(path)
-    schema = _read_schema(path)
-    tables = []
-    for batch_id, source in _batch_sources(path):
-        t = _read_file(source, schema) if source.is_file() else _read_batch_dir(source, schema)
-        if t is not None:
-            tables.append(t.append_column(BATCH_COL, pa.array(np.full(len(t), batch_id, np.int64))))
-    if schema is None:  # nothing was ever written
+    if _read_schema(Path(path)) is None:  # nothing was ever written
         return pd.DataFrame({OP_COL: pd.Series([], dtype=str), KIND_COL: np.array([], np.int8),
                              SEQ_COL: np.array([], np.int64), BATCH_COL: np.array([], np.int64)})
-    if not tables:
-        empty = schema.empty_table()
-        tables = [empty.append_column(OP_COL, pa.array([], pa.string()))
-                  .append_column(SEQ_COL, pa.array([], pa.int64()))
-                  .append_column(BATCH_COL, pa.array([], pa.int64()))]
-    table = pa.concat_tables(tables)
+    table = read_changelog_arrow(path)
     meta = {SEQ_COL: table.column(SEQ_COL).to_numpy(), BATCH_COL: table.column(BATCH_COL).to_numpy()}
     df = table.drop_columns([SEQ_COL, BATCH_COL]).to_pandas(types_mapper=_nullable_types)
     df[KIND_COL] = df[OP_COL].map(_OP_TO_KIND).to_numpy(dtype=np.int8)

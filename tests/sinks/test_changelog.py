@@ -313,3 +313,25 @@ def test_an_output_of_the_old_layout_is_read_and_written_on(tmp_path, fmt):
                                        "batch-00000000000000000001", "batch-00000000000000000002"]
     with pytest.raises(ValueError, match="another format"):
         ChangelogSink(log, "debezium-json" if fmt == "parquet" else "parquet")
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_cat_prints_the_changes_of_an_output(tmp_path, fmt, capsys):
+    """``spark-changelog cat DIR`` of a changelog output: batch, op, _seq and
+    the values, by batch then emission order, from parts and old-layout files."""
+    from spark_changelog.cli import main
+    shutil.copytree(FIXTURES / f"v1-{fmt}", tmp_path / "log")
+    sink = ChangelogSink(tmp_path / "log", fmt, key="id", schema=SCHEMA)
+    stage, written = _staged(sink, 2, {1: [("+I", 7, 5, 1, "p")], 0: [("+I", 6, 4, None, "n,m")]})
+    stage.commit(written)
+    assert main(["cat", str(tmp_path / "log")]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "_batch,op,_seq,id,level,attr",
+        "0,+I,1,1,10,a1", "0,+I,2,2,10,x", "0,-U,3,1,10,a1", "0,+U,3,1,20,b1",
+        "1,-D,4,2,10,x", "1,+I,5,3,,",
+        '2,+I,6,4,,"n,m"', "2,+I,7,5,1,p"]
+    assert main(["cat", str(tmp_path / "log"), "--format", "json"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert lines[-2:] == [{"_batch": 2, "op": "+I", "_seq": 6, "id": 4, "level": None, "attr": "n,m"},
+                          {"_batch": 2, "op": "+I", "_seq": 7, "id": 5, "level": 1, "attr": "p"}]
+    assert len(lines) == 8
