@@ -3,7 +3,7 @@ table's size (docs/sinks.md, "Speed").
 
     scripts/bench delta-table-size [--tables 100000,1000000,10000000] [--batch 100000]
                                    [--shapes new_keys,recent_keys,random_updates] [--repeat 3]
-                                   [--layouts deletion-vectors,merge]
+                                   [--layouts deletion-vectors,merge] [--batches 2]
 
 For each table size T a table of T rows (id 0..T-1, a 40-character name, a
 score) is written by the sink itself (its first batch: an append into the
@@ -17,10 +17,13 @@ key, decision, commit with the batch id), each on a fresh copy of the table:
 * ``recent_keys``: B updates of the table's newest keys (key-local updates);
 * ``random_updates``: B updates of keys drawn uniformly over the table.
 
-Two batches go into each copy, one after the other, both timed: the
-``cold`` one by a sink just opened, the ``warm`` one after it, as the
-micro-batches of a running query (a process keeps the key columns it read,
-docs/sinks.md "Updates and deletes: deletion vectors").
+``--batches`` (default 2) batches go into each copy, one after the other,
+all timed: the ``cold`` one by a sink just opened, the ``warm`` ones after
+it (their median), as the micro-batches of a running query (a process keeps
+the key columns it read, docs/sinks.md "Updates and deletes: deletion
+vectors").  The copy is flushed to disk (``sync``) before the first batch:
+otherwise the copy's write-back lands in the batch's own ``fsync`` of its
+commit, a cost of the set-up that grows with the table.
 
 Each in two layouts, in the same run: ``deletion-vectors`` (the sink's
 default: updates and deletes become deletion vectors, docs/sinks.md
@@ -85,6 +88,7 @@ def main() -> None:
     ap.add_argument("--shapes", default="new_keys,recent_keys,random_updates")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--layouts", default="deletion-vectors,merge")
+    ap.add_argument("--batches", type=int, default=2)
     args = ap.parse_args()
     schema = pa.schema([("id", pa.int64()), ("name", pa.string()), ("score", pa.int64())])
     work = tempfile.mkdtemp(prefix="delta-table-size-")
@@ -110,17 +114,20 @@ def main() -> None:
                     for table_rows in sizes:
                         path = os.path.join(work, f"run-{layout}-{table_rows}-{shape}-{r}")
                         shutil.copytree(os.path.join(work, f"base-{layout}-{table_rows}"), path)
+                        os.sync()
                         s = DeltaUpsertSink(path, ["id"], schema, deletion_vectors=layout == "deletion-vectors")
                         run = runs.setdefault((layout, table_rows, shape),
                                               {"cold": [], "warm": [], "write": set(), "load": []})
                         run["load"].append(machine_load())
-                        for nth, when in enumerate(("cold", "warm")):
+                        warm = []
+                        for nth in range(max(2, args.batches)):
                             b = rows(batch_ids(shape, table_rows, args.batch, nth), kind,
                                      table_rows + 1 + nth * args.batch)
                             t = time.perf_counter()
                             out = s.write_arrow_batch(b, query_id="bench", batch_id=nth)
-                            run[when].append(time.perf_counter() - t)
+                            (run["cold"] if nth == 0 else warm).append(time.perf_counter() - t)
                             run["write"].add(out.get("write"))
+                        run["warm"].append(statistics.median(warm))
                         shutil.rmtree(path)
                         print(f"{layout} {shape} {table_rows:,}: cold {run['cold'][-1]:.3f} s, "
                               f"warm {run['warm'][-1]:.3f} s", flush=True)

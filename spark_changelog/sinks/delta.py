@@ -850,7 +850,6 @@ class StagedUpsert:
         import base64
 
         import pyarrow.compute as pc
-        from pyroaring import BitMap
         s = self.sink
         table_dir = local_table_dir(s.path)
         bounds = {k: pc.min_max(keys[k]).as_py() for k in s.key}
@@ -861,13 +860,17 @@ class StagedUpsert:
                 continue
             pos, is_add = _matches(_file_keys(os.path.join(table_dir, f["path"]), key_schema), keys, s.key,
                                    is_add_of_key)
+            found = _bitmap(pos)
             if f["dv"] and len(pos):
-                dead = read_deletion_vector(table_dir, f["dv"])
-                live = ~np.isin(pos, np.frombuffer(dead.to_array(), dtype=np.uint32))
-                pos, is_add = pos[live], is_add[live]
+                # only the found rows the vector already deletes: the cost
+                # follows the batch's rows, not the rows deleted so far
+                dead = read_deletion_vector(table_dir, f["dv"]) & found
+                if dead:
+                    live = ~np.isin(pos, np.frombuffer(dead.to_array(), dtype=np.uint32))
+                    pos, is_add = pos[live], is_add[live]
+                    found -= dead
             if len(pos):
-                out["positions"][f["path"]] = base64.b64encode(
-                    BitMap(pos.astype(np.uint32)).serialize()).decode("ascii")
+                out["positions"][f["path"]] = base64.b64encode(found.serialize()).decode("ascii")
                 out["updated"] += int(is_add.sum())
                 out["deleted"] += int((~is_add).sum())
 
@@ -988,6 +991,15 @@ def _matches(rows: "pa.Table | np.ndarray", keys: pa.Table, key: Sequence[str], 
     rows = rows.append_column(_POS_COL, pa.array(np.arange(rows.num_rows, dtype=np.int64)))
     hit = rows.join(keys, keys=list(key), join_type="inner")
     return hit[_POS_COL].to_numpy(), hit[_ADD_COL].to_numpy(zero_copy_only=False).astype(bool)
+
+def _bitmap(positions: np.ndarray):
+    """Row positions -> ``pyroaring.BitMap`` (built from a buffer: pyroaring
+    iterates a numpy array element by element)."""
+    import array
+
+    from pyroaring import BitMap
+    return BitMap(array.array("I", positions.astype(np.uint32).tobytes()))
+
 
 def _lookup_entry(add: dict, sink: DeltaUpsertSink) -> dict:
     """What a partition needs of a live file to look its keys up: its path,
