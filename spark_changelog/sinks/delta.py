@@ -95,6 +95,10 @@ _ADD_COL = "__spark_changelog_is_add"
 _QUERY_ID_META = "spark_changelog.query_id"
 #: appends tried before a MERGE when other commits keep taking the next version
 _APPEND_ATTEMPTS = 3
+#: the automatic compaction starts when this many files are small or mostly
+#: deleted (Delta's ``autoCompact.minNumFiles`` default; docs/sinks.md,
+#: "Compaction: automatic")
+DEFAULT_COMPACT_MIN_FILES = 50
 
 __all__ = ["DeltaUpsertSink", "DeltaSinkSchemaError", "StagedAppend", "StagedUpsert", "PRIMARY_KEY_PROPERTY",
            "compact_table",
@@ -211,13 +215,17 @@ class DeltaUpsertSink(UpsertSink):
     ``schema`` is the Arrow schema of the data columns (no ``_kind``/``_seq``).
     The table is created on first use, with the ``deletionVectors`` feature
     unless ``deletion_vectors=False`` (then protocol 1/2 and updates are
-    delta-rs MERGEs; docs/sinks.md, "The table other readers open"); an
+    delta-rs MERGEs, also on an existing table that has the feature;
+    docs/sinks.md, "The table other readers open"); an
     existing table keeps its protocol and must have the same
     columns and types, the same recorded primary key and (when ``partition_by``
     is given) the same partition columns, else :class:`DeltaSinkSchemaError`.
     ``adopt_existing=True`` records the key in a table that has none (for
     example one created by another tool); it is then the caller's promise that
-    the key is unique.
+    the key is unique.  ``auto_compact``: after a batch's commit, when
+    ``compact_min_files`` files are small or mostly deleted, the sink
+    rewrites them key-sorted in a commit of its own (:meth:`compact_if_due`;
+    docs/sinks.md, "Compaction: automatic").
     """
 
     def __init__(
@@ -235,6 +243,8 @@ class DeltaUpsertSink(UpsertSink):
         adopt_existing: bool = False,
         keys_emitted_once: bool = False,
         deletion_vectors: bool = True,
+        auto_compact: bool = True,
+        compact_min_files: int = DEFAULT_COMPACT_MIN_FILES,
     ) -> None:
         self.path = os.fspath(path)
         self.key = as_key(key)
@@ -248,6 +258,11 @@ class DeltaUpsertSink(UpsertSink):
         self.adopt_existing = adopt_existing
         self.keys_emitted_once = keys_emitted_once
         self.deletion_vectors = deletion_vectors
+        self.auto_compact = auto_compact
+        if isinstance(compact_min_files, bool) or not isinstance(compact_min_files, (int, np.integer)) \
+                or compact_min_files < 2:
+            raise ValueError(f"compact_min_files must be a whole number >= 2, got {compact_min_files!r}")
+        self.compact_min_files = int(compact_min_files)
         self._live_files: Optional[LiveFiles] = None
         #: query id -> (table version checked up to, only that query wrote rows)
         self._writers: dict[str, tuple[int, bool]] = {}
@@ -429,7 +444,7 @@ class DeltaUpsertSink(UpsertSink):
         table = self._to_arrow(changes[list(self.columns)], query_id, batch_id)
         table = table.append_column(KIND_COL, pa.array(changes[KIND_COL].to_numpy(dtype=np.int8)))
         table = table.append_column(SEQ_COL, pa.array(changes[SEQ_COL].to_numpy(dtype=np.int64)))
-        return self._write(dt, table, query_id, batch_id)
+        return self._after_batch(self._write(dt, table, query_id, batch_id))
 
     def write_arrow_batch(self, changes: pa.Table, *, query_id: str, batch_id: int) -> dict:
         """A batch as Arrow (the micro-batch's ``toArrow()`` with the side rows
@@ -441,7 +456,7 @@ class DeltaUpsertSink(UpsertSink):
             return self._skipped(dt, batch_id)
         if changes.num_rows:
             self._check_arrow_batch(changes, query_id, batch_id)
-        return self._write(dt, changes, query_id, batch_id)
+        return self._after_batch(self._write(dt, changes, query_id, batch_id))
 
     def _skipped(self, dt, batch_id: int) -> dict:
         return {**_empty_result(batch_id), "skipped_replay": True, "table_version": dt.version()}
@@ -480,7 +495,7 @@ class DeltaUpsertSink(UpsertSink):
             return result
         if self._deletion_vector_layout(dt):
             stage = StagedUpsert(self, query_id, batch_id)
-            return stage.commit([stage.write_net(net, net_add, 0)])
+            return stage.commit_batch([stage.write_net(net, net_add, 0)])
         result["write"] = "merge"
         metrics = self._merge(dt, net.append_column(pa.field(_ADD_COL, pa.bool_(), nullable=False),
                                                     pa.array(net_add)), query_id, batch_id)
@@ -588,6 +603,63 @@ class DeltaUpsertSink(UpsertSink):
             writer_properties=self.writer_properties, commit_properties=props)
         dt.update_incremental()
 
+    # ------------------------------------------------------------- compaction
+    def _after_batch(self, result: dict) -> dict:
+        """A batch's result, after the automatic compaction it may have made due."""
+        if result.get("committed") and self.auto_compact:
+            compaction = self.compact_if_due()
+            if compaction:
+                result["compaction"] = compaction
+        return result
+
+    def compact_if_due(self) -> Optional[dict]:
+        """The automatic compaction (docs/sinks.md, "Compaction: automatic"),
+        run by the driver after a batch's commit: when at least
+        ``compact_min_files`` live files are *small* (below half the table's
+        ``delta.targetFileSize``) or *mostly deleted* (a deletion vector holds
+        at least half of their rows), the smallest of them, up to twice the
+        target size in all, are read without their deleted rows, sorted by
+        the key and written as files of about the target size, in one commit
+        that changes no row (``dataChange`` false: ``remove`` of the old
+        files, ``add`` of the new; readers see the table before or after it,
+        the same rows either way).  The old files stay until a vacuum.  Local,
+        unpartitioned tables (the commit is the sink's own, as for deletion
+        vectors).  Another writer's commit in between: nothing is committed,
+        the next batch tries again.  -> ``{"files_removed", "files_added",
+        "table_version"}``, or ``None`` when not due."""
+        table_dir = local_table_dir(self.path)
+        if table_dir is None:
+            return None
+        dt = self._table()
+        if dt.metadata().partition_columns:
+            return None
+        version = dt.version()
+        target = int(dt.metadata().configuration.get("delta.targetFileSize") or DEFAULT_TARGET_FILE_SIZE)
+        chosen = _compaction_candidates(self.live_files(version).values(), target, self.compact_min_files)
+        if not chosen:
+            return None
+        new_files = _rewrite_sorted(self, table_dir, chosen, target)
+        now = int(time.time() * 1000)
+        actions = [{"commitInfo": {"timestamp": now, "operation": "OPTIMIZE",
+                                   "operationParameters": {"writer": "spark_changelog", "policy": "auto-compact",
+                                                           "minNumFiles": self.compact_min_files},
+                                   "isBlindAppend": False, "clientVersion": "spark_changelog",
+                                   "operationMetrics": {"numRemovedFiles": len(chosen),
+                                                        "numAddedFiles": len(new_files)}}}]
+        actions += [{"remove": dict(_remove_action(a, now), dataChange=False)} for a in chosen]
+        actions += [{"add": {"path": f["path"], "partitionValues": {}, "size": f["size"], "modificationTime": now,
+                             "dataChange": False, "stats": f["stats"]}} for f in new_files]
+        try:
+            commit_next_version(table_dir, version + 1, actions)
+        except BaseException as err:
+            _drop_data_files(self, [{"files": new_files}], keep_table=True)
+            if isinstance(err, CommitTaken):
+                return None     # another writer was first: the next batch tries again
+            raise
+        dt.update_incremental()
+        _checkpoint_if_due(dt)
+        return {"files_removed": len(chosen), "files_added": len(new_files), "table_version": dt.version()}
+
     # ------------------------------------------- appends written by the executors
     def stage_batch(self, query_id: str, batch_id: int) -> "Optional[StagedAppend | StagedUpsert]":
         """On the driver, before the sink writers run: the table is created if
@@ -608,11 +680,12 @@ class DeltaUpsertSink(UpsertSink):
         return StagedUpsert(self, query_id, batch_id) if self._deletion_vector_layout(dt) else None
 
     def _deletion_vector_layout(self, dt) -> bool:
-        """Updates and deletes go to deletion vectors: the table supports
+        """Updates and deletes go to deletion vectors: the sink may write
+        them (``deletion_vectors``), the table supports
         them (reader and writer feature), is unpartitioned and on a file
         system the sink commits to itself (:func:`delta_log.local_table_dir`)."""
         protocol = dt.protocol()
-        return ("deletionVectors" in (protocol.reader_features or [])
+        return (self.deletion_vectors and "deletionVectors" in (protocol.reader_features or [])
                 and "deletionVectors" in (protocol.writer_features or [])
                 and not dt.metadata().partition_columns and local_table_dir(self.path) is not None)
 
@@ -751,7 +824,7 @@ class StagedAppend:
             result["table_version"] = dt.version()
             return result
         result.update(committed=True, inserted=n_adds, upserted=n_adds, table_version=dt.version())
-        return result
+        return s._after_batch(result)
 
 
 def _net_changes(sink: DeltaUpsertSink, changes: pa.Table, query_id: str, batch_id: int
@@ -782,14 +855,15 @@ def _write_data_file(sink: DeltaUpsertSink, rows: pa.Table, partition: int) -> l
     return [{"path": name, "size": fs.get_file_info(name).size, "stats": _file_stats(rows, sink.key)}]
 
 
-def _drop_data_files(sink: DeltaUpsertSink, written: list[dict]) -> None:
+def _drop_data_files(sink: DeltaUpsertSink, written: list[dict], keep_table: bool = False) -> None:
     import pyarrow.fs as pafs
     from deltalake.fs import DeltaStorageHandler
     fs = pafs.PyFileSystem(DeltaStorageHandler(sink.path, sink.storage_options))
     for f in (f for w in written for f in w["files"]):
         with contextlib.suppress(FileNotFoundError):
             fs.delete_file(f["path"])
-    sink.remove_if_created_empty()
+    if not keep_table:
+        sink.remove_if_created_empty()
 
 
 #: the column of a file's row positions while its keys are looked up
@@ -880,6 +954,10 @@ class StagedUpsert:
 
     # ---------------------------------------------------------------- driver
     def commit(self, written: list[dict]) -> dict:
+        """The batch's commit, then the automatic compaction if due."""
+        return self.sink._after_batch(self.commit_batch(written))
+
+    def commit_batch(self, written: list[dict]) -> dict:
         import base64
 
         from pyroaring import BitMap
@@ -932,9 +1010,7 @@ class StagedUpsert:
             raise
         dt = s._dt
         dt.update_incremental()
-        interval = int(dt.metadata().configuration.get("delta.checkpointInterval") or 100)
-        if dt.version() % interval == 0:
-            dt.create_checkpoint()
+        _checkpoint_if_due(dt)
         result.update(committed=True, inserted=n["adds"] - n["updated"], updated=n["updated"],
                       deleted=n["deleted"], upserted=n["adds"], missing_deletes=n["retracts"] - n["deleted"],
                       table_version=dt.version())
@@ -999,6 +1075,57 @@ def _bitmap(positions: np.ndarray):
 
     from pyroaring import BitMap
     return BitMap(array.array("I", positions.astype(np.uint32).tobytes()))
+
+
+def _checkpoint_if_due(dt) -> None:
+    """A log checkpoint every ``delta.checkpointInterval`` (100) versions, as
+    delta-rs writes after its own commits: a reader's (and the sink's) load of
+    the table reads the last checkpoint and the commits after it."""
+    interval = int(dt.metadata().configuration.get("delta.checkpointInterval") or 100)
+    if dt.version() % interval == 0:
+        dt.create_checkpoint()
+
+
+def _compaction_candidates(adds, target: int, min_files: int) -> list[dict]:
+    """The live files an automatic compaction rewrites (``[]``: not due):
+    when at least ``min_files`` are small (below ``target / 2`` bytes) or
+    mostly deleted (a deletion vector holds half their rows or more), the
+    smallest of them up to ``2 * target`` bytes in all (at least two, or one
+    mostly deleted file)."""
+    def due(a: dict) -> bool:
+        dead = int((a.get("deletionVector") or {}).get("cardinality") or 0)
+        return a["size"] < target // 2 or 2 * dead >= _num_records(a)
+
+    small = sorted((a for a in adds if due(a)), key=lambda a: a["size"])
+    if len(small) < min_files:
+        return []
+    chosen, budget = [], 2 * target
+    for a in small:
+        if chosen and a["size"] > budget:
+            break
+        chosen.append(a)
+        budget -= a["size"]
+    return chosen if len(chosen) > 1 or chosen[0].get("deletionVector") else []
+
+
+def _rewrite_sorted(sink: DeltaUpsertSink, table_dir: str, files: list[dict], target: int) -> list[dict]:
+    """The live rows of ``files`` (their deletion vectors applied), sorted by
+    the key, as new data files of about ``target`` bytes each."""
+    import pyarrow.parquet as pq
+    parts, size = [], 0
+    for a in files:
+        rows = pq.read_table(os.path.join(table_dir, a["path"]), columns=list(sink.columns))
+        dead = read_deletion_vector(table_dir, a.get("deletionVector"))
+        if dead:
+            keep = np.ones(rows.num_rows, dtype=bool)
+            keep[np.frombuffer(dead.to_array(), dtype=np.uint32)] = False
+            rows = rows.filter(pa.array(keep))
+        parts.append(rows.cast(sink.schema))
+        size += a["size"] * rows.num_rows // max(1, _num_records(a))
+    rows = pa.concat_tables(parts).sort_by([(k, "ascending") for k in sink.key])
+    per_file = -(-rows.num_rows // max(1, -(-size // target)))
+    return [f for start in range(0, rows.num_rows, max(1, per_file))
+            for f in _write_data_file(sink, rows.slice(start, per_file), 0)]
 
 
 def _lookup_entry(add: dict, sink: DeltaUpsertSink) -> dict:
