@@ -63,7 +63,9 @@ def cmd_normalize(args) -> int:
             state_ttl_ms=args.state_ttl_ms, key_groups=args.key_groups)
     dead = args.dead_letter
     with located(f"normalize into {args.output}", checkpoint=args.checkpoint):
-        report = out.write_upsert(args.output, checkpoint=args.checkpoint,
+        from .sinks.delta import DeltaPath
+        target = DeltaPath(args.output, deletion_vectors=False) if args.no_deletion_vectors else args.output
+        report = out.write_upsert(target, checkpoint=args.checkpoint,
                                   changelog_path=args.changelog, dead_letter=dead,
                                   strict=args.strict, key=key)
     print(report.summary())
@@ -315,6 +317,9 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--ignore-null-updates", action="store_true",
                    help="with --scd-type 2: a null in an update keeps the previous value "
                         "(partial updates)")
+    n.add_argument("--no-deletion-vectors", action="store_true",
+                   help="create the table without Delta's deletionVectors feature (protocol 1/2, for "
+                        "readers of version 1); updates are then MERGEs from the driver")
     n.set_defaults(func=cmd_normalize)
 
     r = sub.add_parser("run", help="run a Flink SQL script: its INSERT INTO statements, as batch "

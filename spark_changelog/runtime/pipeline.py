@@ -366,7 +366,7 @@ def run_to_sink(df, table, *, key, schema: pa.Schema, checkpoint: Optional[str] 
     writes it to ``<checkpoint>/reports``; the report folds it in.
     """
     from ..sinks.changelog import ChangelogSink
-    from ..sinks.delta import DeltaUpsertSink
+    from ..sinks.delta import DeltaPath, DeltaUpsertSink
 
     key = as_key(key)
     if not key and getattr(table, "requires_key", True):
@@ -376,7 +376,8 @@ def run_to_sink(df, table, *, key, schema: pa.Schema, checkpoint: Optional[str] 
     _check_outputs(table=table if isinstance(table, (str, os.PathLike)) else None,
                    checkpoint=checkpoint if streaming else None, changelog=changelog_path,
                    dead_letter=dead_letter, late_output=late_output)
-    sink = DeltaUpsertSink(os.fspath(table), key, schema, keys_emitted_once=keys_emitted_once) \
+    sink = DeltaUpsertSink(os.fspath(table), key, schema, keys_emitted_once=keys_emitted_once,
+                           **(table.options if isinstance(table, DeltaPath) else {})) \
         if isinstance(table, (str, os.PathLike)) else table
     log = ChangelogSink(changelog_path, changelog_format, key=key, schema=schema) if changelog_path else None
     report = RunReport(streaming=streaming,

@@ -100,13 +100,58 @@ _APPEND_ATTEMPTS = 3
 #: "Compaction: automatic")
 DEFAULT_COMPACT_MIN_FILES = 50
 
-__all__ = ["DeltaUpsertSink", "DeltaSinkSchemaError", "StagedAppend", "StagedUpsert", "PRIMARY_KEY_PROPERTY",
-           "compact_table",
+__all__ = ["DeltaPath", "DeltaUpsertSink", "DeltaSinkSchemaError", "StagedAppend", "StagedUpsert",
+           "PRIMARY_KEY_PROPERTY", "TABLE_OPTIONS", "compact_table", "sink_options",
            "read_table", "table_key"]
 
 
 class DeltaSinkSchemaError(ValueError):
     """The existing table does not match the sink's schema, key or partitioning."""
+
+
+#: the sink's options as SQL ``WITH`` options of a ``delta`` table, named as
+#: Delta's own table properties and settings (docs/sql.md) -> the argument of
+#: :class:`DeltaUpsertSink`
+TABLE_OPTIONS = {"delta.enableDeletionVectors": "deletion_vectors",
+                 "delta.autoOptimize.autoCompact": "auto_compact",
+                 "delta.autoCompact.minNumFiles": "compact_min_files"}
+
+
+def sink_options(options: Mapping[str, str]) -> dict:
+    """The :data:`TABLE_OPTIONS` among ``options`` (text, as ``WITH`` gives
+    them) -> :class:`DeltaUpsertSink` arguments; a bad value is a
+    ``ValueError`` naming the option."""
+    out: dict = {}
+    for name, arg in TABLE_OPTIONS.items():
+        value = options.get(name)
+        if value is None:
+            continue
+        text = str(value).strip().lower()
+        if arg == "compact_min_files":
+            if not text.isdigit() or int(text) < 2:
+                raise ValueError(f"{name!r} must be a whole number of files, 2 or more, got {value!r}")
+            out[arg] = int(text)
+        elif text in ("true", "false"):
+            out[arg] = text == "true"
+        else:
+            raise ValueError(f"{name!r} must be 'true' or 'false', got {value!r}")
+    return out
+
+
+class DeltaPath(os.PathLike):
+    """A Delta table's path with options for the sink the pipeline builds for
+    it (``write_upsert(DeltaPath("out/t", deletion_vectors=False))``; SQL's
+    ``WITH`` options, :func:`sink_options`): the keyword arguments of
+    :class:`DeltaUpsertSink`."""
+
+    def __init__(self, path: "str | os.PathLike", **options: Any):
+        self.path, self.options = os.fspath(path), options
+
+    def __fspath__(self) -> str:
+        return self.path
+
+    def __repr__(self) -> str:
+        return f"DeltaPath({self.path!r}, {self.options!r})"
 
 
 def _deltalake():

@@ -66,7 +66,9 @@ class PlannedInsert:
     def make_sink(self, out=None):
         c = self.table.connector
         if c.kind == "delta":
-            return c.path
+            from ..sinks.delta import DeltaPath, sink_options
+            options = sink_options(dict(c.options))
+            return DeltaPath(c.path, **options) if options else c.path
         if c.kind == "print":
             from ..sinks.console import PrintSink
             return PrintSink(self.sink_key, c.option("print-identifier"), out)

@@ -37,6 +37,7 @@ from sqlglot.tokens import Token, TokenType
 from ..connectors.format_options import FormatOptions, format_option_keys, from_table_options
 from ..connectors.kafka import KAFKA_OPTIONS
 from ..model.watermark import duration_ms
+from ..sinks.delta import TABLE_OPTIONS as DELTA_TABLE_OPTIONS, sink_options as delta_sink_options
 from .dialect import Explain, Flink, MetadataColumnConstraint, StatementSetBegin
 from .errors import SqlError, UnsupportedFeature
 
@@ -66,7 +67,8 @@ CONNECTOR_OPTIONS = {
                    "source.max-files-per-trigger", "source.monitor-interval", "source.ordered",
                    "changelog.mode"),
     "kafka": KAFKA_OPTIONS,
-    "delta": HISTORY_OPTIONS,
+    # and the sink's own, named as Delta's table properties
+    "delta": HISTORY_OPTIONS + tuple(DELTA_TABLE_OPTIONS),
     "postgres": ("url", "table-name", "username", "password", "sink.max-retries") + HISTORY_OPTIONS,
     "print": ("print-identifier",),
     "blackhole": (),
@@ -741,6 +743,12 @@ class _Builder:
         if kind == "delta" and path is None:
             raise self.error(f"table {table}: connector 'delta' needs 'path' (the table "
                              "directory)", pos)
+        if kind == "delta":
+            for name in DELTA_TABLE_OPTIONS:
+                try:
+                    delta_sink_options({name: opts.get(name)})
+                except ValueError as err:
+                    raise self.error(f"table {table}: {err}", self.option_positions.get(name, pos)) from None
         if kind in ("jdbc", "postgres"):
             if "url" not in opts:
                 raise self.error(f"table {table}: connector {kind!r} needs 'url' (e.g. "
