@@ -245,11 +245,14 @@ def compact_table(path: "str | os.PathLike", *, vacuum_hours: Optional[int] = No
         raise DeltaSinkSchemaError(f"Delta table at {os.fspath(path)!r} has no primary key recorded "
                                    f"(table property {PRIMARY_KEY_PROPERTY!r}): not an upsert table")
     metrics = dt.optimize.z_order(list(key))
+    dt.update_incremental()
+    _index_keys(dt, key)
     vacuumed: list = []
     if vacuum_hours is not None:
         dt.update_incremental()
         # the hours are the caller's choice: below the table's retention too
         vacuumed = dt.vacuum(retention_hours=int(vacuum_hours), dry_run=False, enforce_retention_duration=False)
+        _drop_orphan_key_indexes(os.fspath(path))
     return {"files_removed": int(metrics.get("numFilesRemoved", 0)),
             "files_added": int(metrics.get("numFilesAdded", 0)), "vacuumed": len(vacuumed)}
 
@@ -451,6 +454,7 @@ class DeltaUpsertSink(UpsertSink):
         dt = self._table()
         metrics = dt.optimize.z_order(list(self.key), target_size=target_size)
         dt.update_incremental()
+        _index_keys(dt, self.key)
         return metrics
 
     # --------------------------------------------------------------- progress
@@ -838,8 +842,9 @@ class StagedAppend:
         s._check_arrow_batch(changes, self.query_id, self.batch_id)
         net, net_add = _net_changes(s, changes, self.query_id, self.batch_id)
         adds = net.filter(pa.array(net_add))
+        # sorted by the key: later batches search the file (its key index)
         return {"adds": adds.num_rows, "retracts": net.num_rows - adds.num_rows,
-                "files": _write_data_file(s, adds, partition)}
+                "files": _write_data_file(s, adds.sort_by([(k, "ascending") for k in s.key]), partition)}
 
     def drop(self, written: list[dict]) -> None:
         """The batch failed before its commit: delete the files its partitions
@@ -897,6 +902,9 @@ def _write_data_file(sink: DeltaUpsertSink, rows: pa.Table, partition: int) -> l
     fs = pafs.PyFileSystem(DeltaStorageHandler(sink.path, sink.storage_options))
     with fs.open_output_stream(name) as f:
         pq.write_table(rows, f, compression="snappy")
+    table_dir = local_table_dir(sink.path)
+    if table_dir is not None:
+        _write_key_index(os.path.join(table_dir, name), rows.select(list(sink.key)))
     return [{"path": name, "size": fs.get_file_info(name).size, "stats": _file_stats(rows, sink.key)}]
 
 
@@ -904,9 +912,13 @@ def _drop_data_files(sink: DeltaUpsertSink, written: list[dict], keep_table: boo
     import pyarrow.fs as pafs
     from deltalake.fs import DeltaStorageHandler
     fs = pafs.PyFileSystem(DeltaStorageHandler(sink.path, sink.storage_options))
+    table_dir = local_table_dir(sink.path)
     for f in (f for w in written for f in w["files"]):
         with contextlib.suppress(FileNotFoundError):
             fs.delete_file(f["path"])
+        if table_dir is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(_key_index_path(os.path.join(table_dir, f["path"])))
     if not keep_table:
         sink.remove_if_created_empty()
 
@@ -1066,33 +1078,114 @@ class StagedUpsert:
 _KEY_CACHE: "collections.OrderedDict[str, pa.Table | np.ndarray]" = collections.OrderedDict()
 #: how many bytes of key columns a process keeps (``SPARK_CHANGELOG_DELTA_KEY_CACHE_MB``, default 512)
 _KEY_CACHE_BYTES = int(os.environ.get("SPARK_CHANGELOG_DELTA_KEY_CACHE_MB", "512")) * 1024 * 1024
+#: at most this many files' keys (each mapped index holds a file descriptor)
+_KEY_CACHE_FILES = 4096
+
+
+#: the directory of the data files' key indexes (hidden from Delta readers
+#: and vacuum, as every name starting with ``_``)
+KEY_INDEX_DIR = "_spark_changelog_keys"
+
+
+def _key_index_path(data_file: str) -> str:
+    return os.path.join(os.path.dirname(data_file), KEY_INDEX_DIR, os.path.basename(data_file) + ".keys.npy")
+
+
+def _sorted_int_keys(keys: pa.Table) -> Optional[np.ndarray]:
+    """The one integer key column as numpy when strictly ascending, else ``None``."""
+    if keys.num_columns != 1 or not pa.types.is_integer(keys.schema.field(0).type) or not keys.num_rows \
+            or keys.column(0).null_count:
+        return None
+    column = keys.column(0).to_numpy().astype(np.int64, copy=False)
+    return column if np.all(column[1:] > column[:-1]) else None
+
+
+def _write_key_index(data_file: str, keys: pa.Table) -> None:
+    """The key index of a data file sorted by its one integer key: the keys
+    as a little-endian int64 ``.npy`` beside it (``_spark_changelog_keys/``),
+    written whole (by rename) or not at all.  A file that is not sorted by
+    such a key gets none (its keys are read from the Parquet file)."""
+    column = _sorted_int_keys(keys)
+    if column is None:
+        return
+    path = _key_index_path(data_file)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(tmp, "wb") as f:
+            np.save(f, column.astype("<i8", copy=False))
+        os.replace(tmp, path)
+    except OSError:             # an index is an optimization: read the Parquet file instead
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+
+
+def _index_keys(dt, key: Sequence[str]) -> None:
+    """Key indexes for the live files that lack one and are sorted by the
+    table's one integer key (after a compaction by delta-rs, whose files are
+    sorted by the key: their first look-up then maps the index)."""
+    if local_table_dir(dt.table_uri) is None or len(key) != 1 or dt.metadata().partition_columns \
+            or not pa.types.is_integer(pa.schema(dt.schema().to_arrow()).field(key[0]).type):
+        return
+    import pyarrow.parquet as pq
+    for uri in dt.file_uris():
+        data_file = local_table_dir(uri) or uri
+        if not os.path.exists(_key_index_path(data_file)):
+            _write_key_index(data_file, pq.read_table(data_file, columns=list(key)))
+
+
+def _drop_orphan_key_indexes(path: str) -> None:
+    """Delete the key indexes whose data file a vacuum deleted (Delta's
+    vacuum leaves ``_`` directories alone)."""
+    table_dir = local_table_dir(path)
+    index_dir = table_dir and os.path.join(table_dir, KEY_INDEX_DIR)
+    if not index_dir or not os.path.isdir(index_dir):
+        return
+    for name in os.listdir(index_dir):
+        if name.endswith(".keys.npy") and not os.path.exists(os.path.join(table_dir, name[:-len(".keys.npy")])):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(index_dir, name))
+
+
+def _cached_bytes(keys: "pa.Table | np.ndarray") -> int:
+    # a memory-mapped index lives in the page cache, shared by the processes
+    return 0 if isinstance(keys, np.memmap) else keys.nbytes
 
 
 def _file_keys(path: str, key_schema: pa.Schema) -> "pa.Table | np.ndarray":
     """The key columns of the data file at ``path``: a numpy array when the
     file is sorted by its one integer key (the sink's own files and compacted
-    ones), else an Arrow table.  Data files never change (a new name for new
-    content), so each process keeps the most recently used ones, up to
-    ``_KEY_CACHE_BYTES``: the micro-batches of a running query look their
-    keys up without reading the table again."""
+    ones), else an Arrow table.  Such a file has a key index (the sorted keys
+    as ``.npy``, :func:`_write_key_index`), mapped into memory instead of
+    read: a look-up touches only the pages its keys fall on, and the
+    processes of a machine share them (docs/sinks.md, "Updates and deletes:
+    deletion vectors"); a file without one (written by another writer) is
+    read once and gets its index then.  Data files never change (a new name
+    for new content), so each process keeps the most recently used ones, up
+    to ``_KEY_CACHE_BYTES`` (mapped indexes do not count): the micro-batches
+    of a running query look their keys up without reading the table again."""
     import pyarrow.parquet as pq
     if path in _KEY_CACHE:
         _KEY_CACHE.move_to_end(path)
         return _KEY_CACHE[path]
-    rows = pq.ParquetFile(path).read(columns=key_schema.names)
-    if rows.schema != key_schema:
-        rows = rows.cast(key_schema)
-    keys: "pa.Table | np.ndarray" = rows
-    if len(key_schema) == 1 and pa.types.is_integer(key_schema.field(0).type) and rows.num_rows:
-        column = rows.column(0).to_numpy()
-        if np.all(column[1:] > column[:-1]):
-            keys = column
-    size = keys.nbytes
+    index = _key_index_path(path)
+    keys: "pa.Table | np.ndarray"
+    if len(key_schema) == 1 and pa.types.is_integer(key_schema.field(0).type) and os.path.exists(index):
+        keys = np.load(index, mmap_mode="r")
+    else:
+        rows = pq.ParquetFile(path).read(columns=key_schema.names)
+        if rows.schema != key_schema:
+            rows = rows.cast(key_schema)
+        column = _sorted_int_keys(rows)
+        keys = rows if column is None else column
+        if column is not None:
+            _write_key_index(path, rows)
+    size = _cached_bytes(keys)
     if size <= _KEY_CACHE_BYTES:
         _KEY_CACHE[path] = keys
-        total = sum(v.nbytes for v in _KEY_CACHE.values())
-        while total > _KEY_CACHE_BYTES:
-            total -= _KEY_CACHE.popitem(last=False)[1].nbytes
+        total = sum(_cached_bytes(v) for v in _KEY_CACHE.values())
+        while total > _KEY_CACHE_BYTES or len(_KEY_CACHE) > _KEY_CACHE_FILES:
+            total -= _cached_bytes(_KEY_CACHE.popitem(last=False)[1])
     return keys
 
 
