@@ -11,7 +11,6 @@ import pyarrow as pa
 import pytest
 
 from spark_changelog.model import KIND_COL, SEQ_COL
-from spark_changelog.sinks.base import UpsertSink
 from spark_changelog.sinks.changelog import committed_batches, read_changelog
 from spark_changelog.sinks.delta import DeltaUpsertSink, read_table
 
@@ -26,23 +25,6 @@ EXPECTED = ([("+I", 1, k, f"a{k}") for k in KEYS]
             + [("-D", 3, 5, "b5")])
 
 
-class Collected(UpsertSink):
-    """A Delta sink without its staged writer: the pipeline collects the batch
-    and writes the changelog from the driver."""
-
-    def __init__(self, inner):
-        self.inner, self.key = inner, inner.key
-
-    def write_batch(self, changes, *, query_id, batch_id):
-        return self.inner.write_batch(changes, query_id=query_id, batch_id=batch_id)
-
-    def write_arrow_batch(self, changes, *, query_id, batch_id):
-        return self.inner.write_arrow_batch(changes, query_id=query_id, batch_id=batch_id)
-
-    def last_batch_id(self, query_id):
-        return self.inner.last_batch_id(query_id)
-
-
 def _rows(log):
     return [(r["op"], r["_seq"], r["id"], r["name"]) for _, r in log.iterrows()]
 
@@ -54,9 +36,15 @@ def test_the_executors_write_the_parts_and_the_batch_reads_as_the_collected_one(
     from spark_changelog.api import ChangelogStream
     df = spark.createDataFrame(ROWS, f"id BIGINT, name STRING, {KIND_COL} TINYINT, {SEQ_COL} BIGINT")
     stream = ChangelogStream.from_dataframe(df, primary_key=["id"])
+    # the reference: a table without deletion vectors that has rows is merged by
+    # delta-rs from the driver, so the batch is collected and the changelog
+    # written from there
     schema = pa.schema([("id", pa.int64()), ("name", pa.string())])
-    ref = stream.write_upsert(Collected(DeltaUpsertSink(str(tmp_path / "ref"), ["id"], schema)),
-                              changelog_path=str(tmp_path / "reflog"), changelog_format=fmt)
+    merged = DeltaUpsertSink(str(tmp_path / "ref"), ["id"], schema, deletion_vectors=False)
+    merged.write_arrow_batch(pa.table({"id": [100], "name": ["x"], KIND_COL: pa.array([0], pa.int8()),
+                                       SEQ_COL: [0]}), query_id="setup", batch_id=0)
+    ref = stream.write_upsert(merged, changelog_path=str(tmp_path / "reflog"), changelog_format=fmt)
+    assert ref.sink_writes == {"merge": 1}
 
     def collected(self):
         raise AssertionError("the batch was collected on the driver")
