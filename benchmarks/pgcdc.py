@@ -19,7 +19,7 @@ Starts its own PostgreSQL 15 server (tests/pgserver.py; or uses
   rate/100 updates each, stamping ``wrote_at = clock_timestamp()``) for
   ``--seconds``; the query runs with a processing-time trigger ``--trigger``
   into Delta, and after each micro-batch's Delta commit reads that batch's
-  changelog file: latency = visible time - ``wrote_at`` per change.  p50/p99
+  changelog files: latency = visible time - ``wrote_at`` per change.  p50/p99
   over the run after a warm-up, and the micro-batch times that bound them.
 
 Both jobs run one after the other; the machine's load is printed with every
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import glob
 import json
 import os
 import random
@@ -85,6 +84,7 @@ def throughput_job(spec: dict) -> None:
 def freshness_job(spec: dict) -> None:
     import pyarrow.parquet as pq
     from spark_changelog import build_session, read_postgres_cdc
+    from spark_changelog.sinks.changelog import committed_batches
     spark = build_session("pgcdc-freshness")
     src = read_postgres_cdc(spark, "fresh", scan_startup_mode="latest-offset", **spec["source"])
     seen: set = set()
@@ -98,7 +98,7 @@ def freshness_job(spec: dict) -> None:
         batches.append(now - last[0])
         last[0] = now
         print("batch", flush=True)
-        for f in sorted(glob.glob(os.path.join(spec["changelog"], "*.parquet"))):
+        for f in (f for _, files in committed_batches(spec["changelog"]) for f in files):
             if f in seen:
                 continue
             seen.add(f)

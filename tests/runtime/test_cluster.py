@@ -38,14 +38,11 @@ def standalone(tmp_path_factory):
 
 
 def changelog_rows(path) -> pd.DataFrame:
-    """The emitted changelog, every batch file, as sorted rows with their batch id."""
-    frames = []
-    for name in sorted(os.listdir(path)):
-        if name.startswith("batch-") and name.endswith(".parquet"):
-            f = pd.read_parquet(os.path.join(path, name))
-            f["batch"] = int(name[6:26])
-            frames.append(f)
-    rows = pd.concat(frames, ignore_index=True)
+    """The emitted changelog (its committed batches: on the cluster, part files
+    the executors wrote), as sorted rows with their batch id."""
+    from spark_changelog.sinks.changelog import read_changelog
+    rows = read_changelog(path)
+    assert len(rows), path
     return rows.sort_values(list(rows.columns)).reset_index(drop=True)
 
 
