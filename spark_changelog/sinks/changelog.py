@@ -423,6 +423,10 @@ class StagedChangelog:
             for entry in batch_dir.iterdir():
                 if entry.is_dir() and entry.name != self.attempt:
                     shutil.rmtree(entry, ignore_errors=True)
+            listed = {Path(w["file"]).name for w in parts}
+            for entry in (batch_dir / self.attempt).iterdir():
+                if entry.name not in listed:    # a killed task's temporary file
+                    entry.unlink()
             for f in legacy:
                 f.unlink()
         result["file"] = str(batch_dir)

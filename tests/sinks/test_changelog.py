@@ -239,11 +239,16 @@ def test_a_replay_replaces_the_batch_whole_and_a_failed_attempt_is_never_read(tm
     # a replay with another partitioning (a rescaled checkpoint): the old batch
     # stays readable until the new commit, then only the new one is
     replay, written = _staged(sink, 0, {1: [r for r in BATCH0 if r[2] == 1], 3: [r for r in BATCH0 if r[2] == 2]})
+    ext = "parquet" if fmt == "parquet" else "json"
+    # a task killed while it wrote its file (the retry wrote the final one)
+    (tmp_path / "batch-00000000000000000000" / replay.attempt / f".tmp-part-00003.{ext}-x").write_bytes(b"half")
     assert as_rows(read_changelog(tmp_path)) == EXPECTED[:4]
     assert replay.commit(written)["overwrote"] is True
     assert as_rows(read_changelog(tmp_path)) == EXPECTED[:4]
     batch_dir = tmp_path / "batch-00000000000000000000"
     assert sorted(p.name for p in batch_dir.iterdir()) == sorted(["_commit.json", replay.attempt])
+    assert sorted(p.name for p in (batch_dir / replay.attempt).iterdir()) == [f"part-00001.{ext}",
+                                                                              f"part-00003.{ext}"]
     # an attempt that fails before its commit leaves nothing behind
     failed, written = _staged(sink, 1, {0: BATCH1})
     failed.drop(written)
