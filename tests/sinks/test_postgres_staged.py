@@ -11,6 +11,7 @@ import pyarrow as pa
 import pytest
 
 from spark_changelog.model import KIND_COL, SEQ_COL
+from spark_changelog.sinks.changelog import read_changelog
 from spark_changelog.sinks.postgres import PostgresUpsertSink
 
 pytestmark = pytest.mark.postgres
@@ -89,8 +90,9 @@ def test_a_connection_lost_in_the_staged_commit_retries_it_whole(pg, pg_server):
 
 
 def test_write_upsert_through_spark_stages_on_the_executors(spark, pg, tmp_path):
-    """A bounded run: the executors stage, the report counts come back,
-    the null-key change goes to the dead letter, no staging table is left."""
+    """A bounded run: the executors stage (and write the changelog output's
+    parts), the report counts come back, the null-key change goes to the
+    dead letter (not to the changelog), no staging table is left."""
     from spark_changelog.api import ChangelogStream
     df = spark.createDataFrame(
         [(1, "a", 0, 1), (2, "b", 0, 2), (1, "a", 1, 3), (1, "z", 2, 3), (2, "b", 3, 4), (None, "n", 0, 5),
@@ -98,8 +100,12 @@ def test_write_upsert_through_spark_stages_on_the_executors(spark, pg, tmp_path)
         f"id BIGINT, name STRING, {KIND_COL} TINYINT, {SEQ_COL} BIGINT")
     sink = PostgresUpsertSink(pg, f"t_{uuid.uuid4().hex[:12]}", ["id"], SCHEMA)
     report = ChangelogStream.from_dataframe(df, primary_key=["id"]).write_upsert(
-        sink, dead_letter=str(tmp_path / "dl"))
+        sink, dead_letter=str(tmp_path / "dl"), changelog_path=str(tmp_path / "log"))
     assert sink.read_rows() == [(1, "z"), (3, "c")]
+    log = read_changelog(tmp_path / "log")
+    assert [(r["op"], r["_seq"], r["id"], r["name"]) for _, r in log.iterrows()] == [
+        ("+I", 1, 1, "a"), ("+I", 2, 2, "b"), ("-U", 3, 1, "a"), ("+U", 3, 1, "z"), ("-D", 4, 2, "b"),
+        ("+I", 6, 3, "c")]
     assert (report.changes_out, report.upserted, report.deleted, report.invalid) == (6, 2, 0, 1)
     assert report.sink_writes == {"staged": 1}
     assert staging_tables(pg) == []
