@@ -656,12 +656,13 @@ class DeltaUpsertSink(UpsertSink):
     def _after_batch(self, result: dict) -> dict:
         """A batch's result, after the automatic compaction it may have made due."""
         if result.get("committed") and self.auto_compact:
-            compaction = self.compact_if_due()
+            # the batch's commit left the open table at its version: no refresh
+            compaction = self.compact_if_due(refresh=result.get("table_version") != self._dt.version())
             if compaction:
                 result["compaction"] = compaction
         return result
 
-    def compact_if_due(self) -> Optional[dict]:
+    def compact_if_due(self, refresh: bool = True) -> Optional[dict]:
         """The automatic compaction (docs/sinks.md, "Compaction: automatic"),
         run by the driver after a batch's commit: when at least
         ``compact_min_files`` live files are *small* (below half the table's
@@ -679,7 +680,7 @@ class DeltaUpsertSink(UpsertSink):
         table_dir = local_table_dir(self.path)
         if table_dir is None:
             return None
-        dt = self._table()
+        dt = self._table() if refresh or self._dt is None else self._dt
         if dt.metadata().partition_columns:
             return None
         version = dt.version()
@@ -989,8 +990,8 @@ class StagedUpsert:
         for f in self.files:
             if not _may_hold(f, bounds):
                 continue
-            pos, is_add = _matches(_file_keys(os.path.join(table_dir, f["path"]), key_schema), keys, s.key,
-                                   is_add_of_key)
+            pos, is_add = _matches(_file_keys(os.path.join(table_dir, f["path"]), key_schema, f["rows"]),
+                                   keys, s.key, is_add_of_key)
             found = _bitmap(pos)
             if f["dv"] and len(pos):
                 # only the found rows the vector already deletes: the cost
@@ -1078,7 +1079,7 @@ class StagedUpsert:
 _KEY_CACHE: "collections.OrderedDict[str, pa.Table | np.ndarray]" = collections.OrderedDict()
 #: how many bytes of key columns a process keeps (``SPARK_CHANGELOG_DELTA_KEY_CACHE_MB``, default 512)
 _KEY_CACHE_BYTES = int(os.environ.get("SPARK_CHANGELOG_DELTA_KEY_CACHE_MB", "512")) * 1024 * 1024
-#: at most this many files' keys (each mapped index holds a file descriptor)
+#: at most this many files' keys (each mapped index is a memory mapping, which the kernel counts)
 _KEY_CACHE_FILES = 4096
 
 
@@ -1152,7 +1153,7 @@ def _cached_bytes(keys: "pa.Table | np.ndarray") -> int:
     return 0 if isinstance(keys, np.memmap) else keys.nbytes
 
 
-def _file_keys(path: str, key_schema: pa.Schema) -> "pa.Table | np.ndarray":
+def _file_keys(path: str, key_schema: pa.Schema, rows: Optional[int] = None) -> "pa.Table | np.ndarray":
     """The key columns of the data file at ``path``: a numpy array when the
     file is sorted by its one integer key (the sink's own files and compacted
     ones), else an Arrow table.  Such a file has a key index (the sorted keys
@@ -1163,23 +1164,28 @@ def _file_keys(path: str, key_schema: pa.Schema) -> "pa.Table | np.ndarray":
     read once and gets its index then.  Data files never change (a new name
     for new content), so each process keeps the most recently used ones, up
     to ``_KEY_CACHE_BYTES`` (mapped indexes do not count): the micro-batches
-    of a running query look their keys up without reading the table again."""
+    of a running query look their keys up without reading the table again.
+    ``rows``: the file's row count (its statistics), which an index must
+    have, else it is not used (and written again)."""
     import pyarrow.parquet as pq
     if path in _KEY_CACHE:
         _KEY_CACHE.move_to_end(path)
         return _KEY_CACHE[path]
     index = _key_index_path(path)
-    keys: "pa.Table | np.ndarray"
+    keys: "pa.Table | np.ndarray | None" = None
     if len(key_schema) == 1 and pa.types.is_integer(key_schema.field(0).type) and os.path.exists(index):
-        keys = np.load(index, mmap_mode="r")
-    else:
-        rows = pq.ParquetFile(path).read(columns=key_schema.names)
-        if rows.schema != key_schema:
-            rows = rows.cast(key_schema)
-        column = _sorted_int_keys(rows)
-        keys = rows if column is None else column
+        with contextlib.suppress(ValueError, OSError):
+            keys = np.load(index, mmap_mode="r")
+        if keys is not None and (keys.ndim != 1 or (rows is not None and len(keys) != rows)):
+            keys = None
+    if keys is None:
+        table = pq.ParquetFile(path).read(columns=key_schema.names)
+        if table.schema != key_schema:
+            table = table.cast(key_schema)
+        column = _sorted_int_keys(table)
+        keys = table if column is None else column
         if column is not None:
-            _write_key_index(path, rows)
+            _write_key_index(path, table)
     size = _cached_bytes(keys)
     if size <= _KEY_CACHE_BYTES:
         _KEY_CACHE[path] = keys
@@ -1280,7 +1286,8 @@ def _lookup_entry(add: dict, sink: DeltaUpsertSink) -> dict:
             continue
         if pa.types.is_integer(t) or (pa.types.is_string(t) and len(b) < 32):
             bounds[k] = (a, b)
-    return {"path": add["path"], "dv": add.get("deletionVector"), "bounds": bounds}
+    return {"path": add["path"], "dv": add.get("deletionVector"), "bounds": bounds,
+            "rows": stats.get("numRecords")}
 
 
 def _may_hold(file: dict, key_bounds: dict) -> bool:
