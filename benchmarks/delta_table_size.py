@@ -3,7 +3,7 @@ table's size (docs/sinks.md, "Speed").
 
     scripts/bench delta-table-size [--tables 100000,1000000,10000000] [--batch 100000]
                                    [--shapes new_keys,recent_keys,random_updates] [--repeat 3]
-                                   [--layouts deletion-vectors,merge] [--batches 2]
+                                   [--layouts deletion-vectors,merge] [--batches 2] [--executors]
 
 For each table size T a table of T rows (id 0..T-1, a 40-character name, a
 score) is written by the sink itself (its first batch: an append into the
@@ -31,6 +31,14 @@ default: updates and deletes become deletion vectors, docs/sinks.md
 one partition, the code each executor runs for its keys) and ``merge`` (a
 table without the deletion-vector feature, ``deletion_vectors=False``: a
 delta-rs MERGE rewriting every file it touches), the reference.
+
+``--executors``: each batch takes the pipeline's path instead (a local[2]
+Spark session): ``stage_batch`` on the driver, the sink writers on the
+executors (``runtime.sink_writers.write_partitions``, the batch
+repartitioned by the key), the driver's commit; a layout without a stage
+(``merge``) is collected as Arrow and merged, as the pipeline does.  The
+time is from the stage to the commit (the batch's DataFrame is built and
+cached before).
 
 The issue's bar: time per batch grows by less than 2x from the smallest to
 the largest table.  Printed and written to
@@ -89,7 +97,12 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--layouts", default="deletion-vectors,merge")
     ap.add_argument("--batches", type=int, default=2)
+    ap.add_argument("--executors", action="store_true")
     args = ap.parse_args()
+    spark = None
+    if args.executors:
+        from spark_changelog.runtime.session import build_session
+        spark = build_session("delta-table-size")
     schema = pa.schema([("id", pa.int64()), ("name", pa.string()), ("score", pa.int64())])
     work = tempfile.mkdtemp(prefix="delta-table-size-")
     results = []
@@ -105,6 +118,11 @@ def main() -> None:
                 sink.optimize()
                 print(f"{layout}: table of {table_rows:,} rows written and optimized in "
                       f"{time.perf_counter() - t:.1f} s", flush=True)
+        if spark is not None:       # the executors' Python workers started before the timed batches
+            warm_up = os.path.join(work, "warm-up")
+            shutil.copytree(os.path.join(work, f"base-{layouts[0]}-{sizes[0]}"), warm_up)
+            write(spark, DeltaUpsertSink(warm_up, ["id"], schema, deletion_vectors=layouts[0] == "deletion-vectors"),
+                  rows(batch_ids("random_updates", sizes[0], min(args.batch, sizes[0])), 2, sizes[0] + 1), 0)
         # the sizes interleaved, repeat by repeat: each size's batches see the same load
         runs: dict = {}
         for r in range(args.repeat):
@@ -123,9 +141,8 @@ def main() -> None:
                         for nth in range(max(2, args.batches)):
                             b = rows(batch_ids(shape, table_rows, args.batch, nth), kind,
                                      table_rows + 1 + nth * args.batch)
-                            t = time.perf_counter()
-                            out = s.write_arrow_batch(b, query_id="bench", batch_id=nth)
-                            (run["cold"] if nth == 0 else warm).append(time.perf_counter() - t)
+                            out, seconds = write(spark, s, b, nth)
+                            (run["cold"] if nth == 0 else warm).append(seconds)
                             run["write"].add(out.get("write"))
                         run["warm"].append(statistics.median(warm))
                         shutil.rmtree(path)
@@ -154,8 +171,32 @@ def main() -> None:
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H%M%S+0000")
     path = os.path.join(ROOT, "benchmarks", "results", f"delta-table-size-{stamp}.json")
     with open(path, "w") as f:
-        json.dump({"benchmark": "delta-table-size", "results": results, "growth": growth}, f, indent=1)
+        json.dump({"benchmark": "delta-table-size", "path": "executors" if args.executors else "in-process",
+                   "results": results, "growth": growth}, f, indent=1)
     print(f"results: {path}")
+    if spark is not None:
+        spark.stop()
+
+
+def write(spark, sink, batch, batch_id: int):
+    """One batch into ``sink`` -> (its result, seconds): in this process, or
+    (``spark``) on the pipeline's path: staged on the executors, committed here."""
+    if spark is None:
+        t = time.perf_counter()
+        return sink.write_arrow_batch(batch, query_id="bench", batch_id=batch_id), time.perf_counter() - t
+    from spark_changelog.runtime.sink_writers import write_partitions
+    df = spark.createDataFrame(batch).cache()
+    df.count()
+    t = time.perf_counter()
+    stage = sink.stage_batch("bench", batch_id)
+    if stage is None:
+        out = sink.write_arrow_batch(df.toArrow(), query_id="bench", batch_id=batch_id)
+    else:
+        _, _, (written,) = write_partitions(df, [stage], ["id"], "t")
+        out = stage.commit(written)
+    seconds = time.perf_counter() - t
+    df.unpersist()
+    return out, seconds
 
 
 if __name__ == "__main__":
