@@ -101,7 +101,7 @@ _APPEND_ATTEMPTS = 3
 DEFAULT_COMPACT_MIN_FILES = 50
 
 __all__ = ["DeltaPath", "DeltaUpsertSink", "DeltaSinkSchemaError", "StagedAppend", "StagedUpsert",
-           "PRIMARY_KEY_PROPERTY", "TABLE_OPTIONS", "compact_table", "sink_options",
+           "KEY_INDEX_DIR", "PRIMARY_KEY_PROPERTY", "TABLE_OPTIONS", "compact_table", "sink_options",
            "read_table", "table_key"]
 
 
@@ -1258,7 +1258,8 @@ def _rewrite_sorted(sink: DeltaUpsertSink, table_dir: str, files: list[dict], ta
     import pyarrow.parquet as pq
     parts, size = [], 0
     for a in files:
-        rows = pq.read_table(os.path.join(table_dir, a["path"]), columns=list(sink.columns))
+        rows = pq.read_table(os.path.join(table_dir, a["path"]), columns=list(sink.columns)).select(
+            list(sink.columns))
         dead = read_deletion_vector(table_dir, a.get("deletionVector"))
         if dead:
             keep = np.ones(rows.num_rows, dtype=bool)
