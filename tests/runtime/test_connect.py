@@ -22,6 +22,7 @@ import long_variants
 from cluster import FILES, assert_summary, assert_table, cdc  # noqa: F401 (cdc: a fixture)
 import kill_window as kw
 from spark_changelog.connectors.dead_letter import read_dead_letter
+from spark_changelog.sinks.changelog import read_changelog
 from spark_changelog.sinks.delta import read_table
 
 long_only = long_variants.long_only("a cluster job of minutes")
@@ -38,7 +39,7 @@ def connect_server(tmp_path_factory):
 
 @pytest.mark.parametrize("mode", [pytest.param("streaming", marks=long_only), "batch"])
 def test_normalize_through_connect(connect_server, cdc, tmp_path, mode):
-    """Table exact, dead letters written, and the run report's counts right:
+    """Table exact, dead letters and the changelog output written, and the run report's counts right:
     streaming, the batch handler runs in the server's Python process and
     the client reads its per-batch records (docs/deploy.md, "Spark Connect")."""
     src, expected = cdc
@@ -49,6 +50,10 @@ def test_normalize_through_connect(connect_server, cdc, tmp_path, mode):
     assert_table(tmp_path / "table", expected)
     assert_summary(r.stdout, FILES if streaming else 1)
     assert len(read_dead_letter(str(tmp_path / "dead"))) == 3
+    # the changelog output, written by the server's executors: every change out, committed
+    log = read_changelog(tmp_path / "log")
+    assert len(log) == int(r.stdout.split("changes out: ")[1].split()[0]) > 0
+    assert sorted(set(log["_batch"])) == list(range(FILES if streaming else 1))
     if streaming:
         # the same counts as the embedded default's run of the same job
         local = cl.run_cli(cl.normalize_args(src, tmp_path / "local"))
