@@ -4,6 +4,7 @@
                         [--events 1000000] [--ids 100000] [--files 4] [--no-flink] [--no-delta]
                         [--rate 10000] [--seconds 60] [--trigger "1 second"]
                         [--state-keys 10000,100000,1000000,5000000] [--state-batch 100000] [--readme]
+                        [--runs streaming,batch,flink,delta,native,scan]
 
 Without ``--only`` it runs everything at the sizes issue #25 asks for (one
 line, for a quiet machine).  Each workload is one Flink SQL query
@@ -28,6 +29,9 @@ other, never two at once:
   (``INSERT INTO blackhole SELECT ... FROM source``), ours batch (a
   streaming read would plan the ordering normalize) and Flink streaming;
   once per input set.
+
+``--runs`` picks which of these run (``streaming,flink``: the same-run ratio
+to Flink alone, for profiling; the default is all of them).
 
 **Like for like.**  Every timed run above writes to a sink that does no work:
 Flink's ``blackhole``, ours' ``blackhole`` (the driver collects each
@@ -71,6 +75,7 @@ PARTS = WORKLOADS + ("freshness", "state")
 #: the native reference of each workload that has one, and what it is
 NATIVE = {"normalize": "streaming max_by (RocksDB)", "join": "batch join of the final states",
           "aggregate": "batch groupBy over the final state", "windows": "streaming window (withWatermark)"}
+RUNS = ("streaming", "batch", "flink", "delta", "native", "scan")
 README_BEGIN, README_END = "<!-- suite results: begin -->", "<!-- suite results: end -->"
 
 
@@ -173,24 +178,26 @@ def workload_rows(args, inputs: dict, root: str, log: str, flink: bool) -> list[
             os.makedirs(d, exist_ok=True)
             return d
         print(f"{name}:", flush=True)
-        runs["ours_streaming"] = measured(lambda: vs_flink.run_ours(job, sub("ours-streaming"), "streaming", log,
+        if "streaming" in args.runs:
+            runs["ours_streaming"] = measured(lambda: vs_flink.run_ours(job, sub("ours-streaming"), "streaming", log,
+                                                                        sink="blackhole"))
+            _say("ours streaming", runs["ours_streaming"], events)
+        if "batch" in args.runs:
+            runs["ours_batch"] = measured(lambda: vs_flink.run_ours(job, sub("ours-batch"), "batch", log,
                                                                     sink="blackhole"))
-        _say("ours streaming", runs["ours_streaming"], events)
-        runs["ours_batch"] = measured(lambda: vs_flink.run_ours(job, sub("ours-batch"), "batch", log,
-                                                                sink="blackhole"))
-        _say("ours batch", runs["ours_batch"], events)
-        if flink:
+            _say("ours batch", runs["ours_batch"], events)
+        if flink and "flink" in args.runs:
             runs["flink"] = measured(lambda: vs_flink.run_flink(job, sub("flink"), True, args.flink_python, log))
             _say("Flink 2.3", runs["flink"], events)
-        if not args.no_delta:
+        if not args.no_delta and "delta" in args.runs:
             runs["ours_streaming_delta"] = measured(lambda: vs_flink.run_ours(job, sub("ours-delta"), "streaming",
                                                                               log, sink="delta"))
             _say("ours streaming into Delta", runs["ours_streaming_delta"], events)
-        if name in NATIVE:
+        if name in NATIVE and "native" in args.runs:
             runs["native"] = measured(lambda: run_native(name, job, sub("native"), log))
             _say(f"native Spark ({NATIVE[name]})", runs["native"], events)
         scan_key = tuple(sorted(job["sources"].values()))
-        if scan_key not in ceilings:
+        if scan_key not in ceilings and "scan" in args.runs:
             scan = vs_flink.scan_job(job)
             ceilings[scan_key] = {"ours": measured(lambda: vs_flink.run_ours(scan, sub("scan-ours"), "batch", log,
                                                                              sink="blackhole"))}
@@ -199,9 +206,10 @@ def workload_rows(args, inputs: dict, root: str, log: str, flink: bool) -> list[
                 ceilings[scan_key]["flink"] = measured(lambda: vs_flink.run_flink(scan, sub("scan-flink"), False,
                                                                                   args.flink_python, log))
                 _say("scan-only ceiling, Flink", ceilings[scan_key]["flink"], events)
-        runs["scan_ours"] = ceilings[scan_key]["ours"]
-        if flink:
-            runs["scan_flink"] = ceilings[scan_key]["flink"]
+        if scan_key in ceilings:
+            runs["scan_ours"] = ceilings[scan_key]["ours"]
+            if flink:
+                runs["scan_flink"] = ceilings[scan_key]["flink"]
         delta, fl = runs.get("ours_streaming_delta", {}), runs.get("flink", {})
         agree = ("not compared" if "check" not in delta or "check" not in fl else
                  "yes" if delta["check"] == fl["check"] else f"NO: ours {delta['check']}, Flink {fl['check']}")
@@ -350,12 +358,16 @@ def main(argv=None) -> None:
     ap.add_argument("--trigger", default="1 second", help="freshness: the processing-time trigger")
     ap.add_argument("--state-keys", default="10000,100000,1000000,5000000")
     ap.add_argument("--state-batch", type=int, default=100_000)
+    ap.add_argument("--runs", default=",".join(RUNS), help=f"which runs of each workload: a subset of {','.join(RUNS)}")
     ap.add_argument("--readme", action="store_true", help="also put the table into README.md")
     ap.add_argument("--native-child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.native_child:
         return native_child(args.native_child)
     args.only = args.only.split(",")
+    args.runs = args.runs.split(",")
+    if set(args.runs) - set(RUNS):
+        ap.error(f"unknown run(s) {', '.join(sorted(set(args.runs) - set(RUNS)))}; choose from {','.join(RUNS)}")
     unknown = set(args.only) - set(PARTS)
     if unknown:
         ap.error(f"unknown part(s) {', '.join(sorted(unknown))}; choose from {','.join(PARTS)}")
