@@ -2,7 +2,8 @@
 (docs/runtime.md, "Sink writers on the executors").
 
 A micro-batch's output stays distributed.  It is repartitioned by the sink
-key (every change of a key in one partition) and each partition, on an
+key (every change of a key in one partition; not when every stage keeps
+nothing, ``needs_key_together = False``: blackhole) and each partition, on an
 executor, is: put back in the order the driver would have collected it (its
 position before the shuffle, ``monotonically_increasing_id``, which orders
 like ``toArrow``), split into side rows, changes with a null sink key and
@@ -65,7 +66,8 @@ class PartitionWriter:
         if not batches:
             return
         table = pa.Table.from_batches(batches)
-        table = table.sort_by(POSITION_COL).drop_columns([POSITION_COL])
+        if POSITION_COL in table.column_names:
+            table = table.sort_by(POSITION_COL).drop_columns([POSITION_COL])
         data, payloads = split_side_rows(table)
         data, rejects = split_null_keys_arrow(data, self.key, self.table_name)
         kinds, out = [], []
@@ -90,9 +92,14 @@ def write_partitions(df, stages: Sequence, key: Sequence[str], table_name: str
     payloads, null-key rejects, per stage its per-partition counts), the only
     things collected."""
     from pyspark.sql import functions as F
-    tagged = df.withColumn(POSITION_COL, F.monotonically_increasing_id())
-    # a sink without a key (blackhole) takes the partitions as they are
-    shuffled = tagged.repartition(*[F.col(k) for k in key]) if key else tagged
+    if key and any(getattr(stage, "needs_key_together", True) for stage in stages):
+        tagged = df.withColumn(POSITION_COL, F.monotonically_increasing_id())
+        shuffled = tagged.repartition(*[F.col(k) for k in key])
+    else:
+        # a sink without a key, or sinks that keep nothing (blackhole): the
+        # partitions as they are, in their own order (no shuffle, as Flink's
+        # blackhole has none)
+        shuffled = df
     side, rejects, written = [], [], [[] for _ in stages]
     for row in shuffled.mapInArrow(PartitionWriter(stages, key, table_name), RESULT_SCHEMA).collect():
         payload = json.loads(row["payload"])
