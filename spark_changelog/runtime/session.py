@@ -172,6 +172,10 @@ def build_session(app_name: str = "spark-changelog", master: Optional[str] = Non
     merged = dict(DEFAULT_CONFIGS)
     if master and master.startswith("local"):
         merged.update(LOCAL_CONFIGS)
+        # Spark's classes mapped from the environment's class archive, when
+        # scripts/setup built one (runtime/class_archive.py)
+        from .class_archive import java_option
+        merged["spark.driver.extraJavaOptions"] = f"{LOCAL_JAVA_OPTIONS} {java_option()}".strip()
         # one task per core: fewer tasks per stage, each with its fixed cost
         # (a stateful task's state-store load and commit, a Python worker's
         # round trips); the demo's job 14.6-16.8 s with 4 on 2 cores, 12.2-13.7 s

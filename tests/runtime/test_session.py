@@ -8,7 +8,35 @@ def test_a_local_session_runs_the_quick_jit_tier(spark):
     args = list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
     assert "-XX:TieredStopAtLevel=1" in args
     assert "-XX:-DontCompileHugeMethods" in args
-    assert spark.sparkContext.getConf().get("spark.driver.extraJavaOptions").endswith(LOCAL_JAVA_OPTIONS)
+    assert LOCAL_JAVA_OPTIONS in spark.sparkContext.getConf().get("spark.driver.extraJavaOptions")
+
+
+def test_a_local_session_maps_the_class_archive_when_setup_built_one(spark):
+    """scripts/setup builds the archive; a session started after it maps it
+    (runtime/class_archive.py)."""
+    from spark_changelog.runtime.class_archive import java_option
+    jvm = spark.sparkContext._jvm
+    args = list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
+    option = java_option()
+    assert option == "" or option in args
+
+
+def test_the_class_archive_option_names_this_environments_archive_only(tmp_path, monkeypatch):
+    import sys
+
+    import pyspark
+
+    from spark_changelog.runtime import class_archive
+    monkeypatch.setattr(sys, "prefix", str(tmp_path))
+    assert class_archive.java_option() == ""
+    where = tmp_path / "share" / "spark-changelog"
+    where.mkdir(parents=True)
+    (where / "spark-classes-java17.0.1-pyspark0.0.jsa").write_text("another PySpark's")
+    assert class_archive.java_option() == ""
+    ours = where / f"spark-classes-java17.0.1-pyspark{pyspark.__version__}.jsa"
+    ours.write_text("x")
+    assert class_archive.java_option() == f"-XX:SharedArchiveFile={ours}"
+    assert class_archive.archive_path("17.0.1") == str(ours)
 
 
 def test_local_workers_start_from_our_daemon(spark):
