@@ -29,8 +29,10 @@ Per key group two state variables hold a
 
 A micro-batch writes one run with the touched keys only, so its state-store
 writes follow the rows and keys it touches.  Decoded runs are cached per Python
-worker (:data:`~spark_changelog.runtime.state_runs.WORKER_CACHE`), so blobs are
-read only on a cache miss.  Checkpoints and restarts are Spark's: the run list
+worker (:data:`~spark_changelog.runtime.state_runs.WORKER_CACHE`) and as
+memory-mapped files shared by the executor's workers
+(:class:`~spark_changelog.runtime.state_runs.RunFiles`), so blobs are read only
+when neither has the run.  Checkpoints and restarts are Spark's: the run list
 in ``meta`` is versioned with the rest of the state store.  Run ids are
 digests of what a run holds and where (:func:`~spark_changelog.runtime.state_runs.name_new_runs`),
 so a micro-batch replayed after a crash writes the very state, ids included,
@@ -64,7 +66,7 @@ from .keyed_rows import (KEY_GROUP_COL, METRICS_GROUP, arrow_input, arrow_output
                          operator_instance, output_schema_with_metrics, spark_schema,
                          split_upstream_metrics, with_metrics)
 from .spark_seen_keys import apply_seen_keys
-from .state_runs import WORKER_CACHE, Run, RunStack, name_new_runs, run_schema
+from .state_runs import RunStack, drop_run, keep_run, load_run, name_new_runs, run_schema
 
 #: The state variables' schemas as types: given a DDL string, PySpark asks the
 #: JVM to parse it, once when the variable is declared and once more for its
@@ -120,14 +122,13 @@ class KeyGroupProcessor(StatefulProcessor):
         loaded = []
         misses = 0
         for rid in run_ids:
-            run = WORKER_CACHE.get(rid)
-            if run is None:
-                misses += 1
+            def read_blob(rid=rid):
                 blob = self.runs.getValue((rid,))
                 if blob is None:
                     raise damaged_state(op.name, int(key[0]), f"state run {rid} is missing")
-                run = Run.from_bytes(rid, bytes(blob[0]), op.key)
-                WORKER_CACHE.put(run)
+                return bytes(blob[0])
+            run, read = load_run(rid, op.key, read_blob)
+            misses += read
             loaded.append(run)
         stack = RunStack(op.key, loaded, growth=self.growth, max_runs=self.max_runs)
         return stack, run_ids, next_seq, misses
@@ -155,14 +156,14 @@ class KeyGroupProcessor(StatefulProcessor):
         for run in stack.runs:
             if run.id not in before:
                 self.runs.updateValue((run.id,), (blobs[run.id],))
-                WORKER_CACHE.put(run)
+                keep_run(run, self.operator.key)
                 written += run.size
         # in the order of the stored list, never a set's (hash-seeded per
         # process): a replay writes the same state file, byte for byte
         kept = set(after)
         for rid in (r for r in run_ids if r not in kept):
             self.runs.removeKey((rid,))
-            WORKER_CACHE.discard(rid)
+            drop_run(rid)
         # the count and the key: what a rescale needs to regroup the state
         # (runtime/rescale.py) without the query's plan
         self.meta.update((json.dumps({"runs": after, "key_groups": self.key_groups,

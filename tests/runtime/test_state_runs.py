@@ -10,7 +10,7 @@ from spark_changelog.operators.base import OpContext
 from spark_changelog.operators.normalize import ChangelogNormalize
 from spark_changelog.runtime.keygroup import process_key_group
 from spark_changelog.runtime.local import LocalRunner
-from spark_changelog.runtime.state_runs import Run, RunStack, name_new_runs, run_schema
+from spark_changelog.runtime.state_runs import MappedRun, Run, RunFiles, RunStack, name_new_runs, run_schema
 
 COLS = ["id", "v"]
 SCHEMA = schema_of(COLS, [pa.int64(), pa.string()])
@@ -21,8 +21,8 @@ change = st.tuples(st.sampled_from(["+I", "+U", "-D", "-U"]), st.integers(0, 6),
 @settings(max_examples=40, deadline=None)
 @given(batches=st.lists(st.lists(change, min_size=1, max_size=12), min_size=1, max_size=8),
        growth=st.sampled_from([0.5, 1.0, 4.0]), max_runs=st.sampled_from([2, 3, 8]),
-       roundtrip=st.booleans())
-def test_run_stack_equals_flat_state(batches, growth, max_runs, roundtrip):
+       roundtrip=st.sampled_from(["none", "blobs", "files"]))
+def test_run_stack_equals_flat_state(batches, growth, max_runs, roundtrip, tmp_path_factory):
     op = ChangelogNormalize(SCHEMA, ["id"], tombstone_retention_ms=None)
     flat = LocalRunner(op)
     stack = RunStack(["id"], growth=growth, max_runs=max_runs)
@@ -34,9 +34,19 @@ def test_run_stack_equals_flat_state(batches, growth, max_runs, roundtrip):
             rows.append([kind, [k, v], seq])
         df = to_frame(rows, COLS)
         expected = flat.run_batch(df, processing_time_ms=0)
-        if roundtrip:  # what a restart does: decode every run from its blob
+        if roundtrip == "blobs":  # what a restart does: decode every run from its blob
             stack = RunStack(["id"], [Run.from_bytes(r.id, r.to_bytes(run_schema(op.state_schema)), ["id"])
                                       for r in stack.runs], growth=growth, max_runs=max_runs)
+        elif roundtrip == "files":  # another worker of the executor: every run mapped from its file
+            files = RunFiles(str(tmp_path_factory.mktemp("runs")))
+            name_new_runs(stack.runs, "op/1", run_schema(op.state_schema))
+            for r in stack.runs:
+                if r.table is None:   # a run kept its table when it was encoded
+                    r.to_bytes(run_schema(op.state_schema))
+                files.write(r, ["id"])
+            mapped = [files.read(r.id, ["id"]) for r in stack.runs]
+            assert all(isinstance(m, MappedRun) for m in mapped)
+            stack = RunStack(["id"], mapped, growth=growth, max_runs=max_runs)
         got = process_key_group(op, stack, df, OpContext(processing_time_ms=0))
         assert to_rows(got, COLS) == to_rows(expected, COLS)
         assert len(stack.runs) <= max_runs + 1
@@ -128,3 +138,40 @@ def test_full_merge_drops_expired_state_and_cleared_markers():
     live = stack.lookup(pd.DataFrame({"id": [1, 2, 3]})).sort_values("id")
     assert live["id"].tolist() == [2, 3] and live["v"].tolist() == ["d", "e"]
     assert later.metrics.counters["tombstones_expired"] == 1
+
+
+def test_a_mapped_run_finds_exactly_the_keys_a_decoded_run_finds(tmp_path):
+    """Multi-column keys with nulls, several rows per key, absent keys, and
+    a lookup whose key values come in other pandas dtypes than the run's."""
+    schema = pa.schema([("k", pa.string()), ("n", pa.int64()), ("v", pa.int64()),
+                        ("__cleared", pa.bool_())])
+    rows = pd.DataFrame({"k": ["a", "a", None, "b", "b", "c"], "n": [1, 1, 2, None, 3, 1],
+                         "v": [10, 11, 12, 13, 14, 15], "__cleared": [False] * 6})
+    run = Run.build(rows, ["k", "n"])
+    name_new_runs([run], "op/1", schema)
+    files = RunFiles(str(tmp_path))
+    files.write(run, ["k", "n"])
+    mapped = files.read(run.id, ["k", "n"])
+    assert isinstance(mapped, MappedRun)
+    want = pd.DataFrame({"k": ["b", "a", None, "z", "c", "b"], "n": [None, 1.0, 2.0, 1.0, 2.0, 3.0]})
+    decoded = RunStack(["k", "n"], [run]).lookup(want)
+    found = RunStack(["k", "n"], [mapped]).lookup(want)
+    def listed(df):
+        df = df.sort_values(["k", "n", "v"]).astype(object)
+        return df.where(df.notna(), None).values.tolist()
+
+    assert (listed(found) == listed(decoded)
+            == [["a", 1, 10], ["a", 1, 11], ["b", 3, 14], ["b", None, 13], [None, 2, 12]])
+    assert mapped._run is None   # found through the index, not decoded
+
+
+def test_run_files_are_a_cache_a_broken_file_is_a_miss(tmp_path):
+    run = Run.build(pd.DataFrame({"id": [1, 2], "__cleared": [False, False]}), ["id"])
+    name_new_runs([run], "op/1", pa.schema([("id", pa.int64()), ("__cleared", pa.bool_())]))
+    files = RunFiles(str(tmp_path))
+    files.write(run, ["id"])
+    with open(tmp_path / f"{run.id}.arrow", "wb") as fh:
+        fh.write(b"not arrow")
+    assert files.read(run.id, ["id"]) is None
+    files.discard(run.id)
+    assert list(tmp_path.iterdir()) == []
