@@ -406,8 +406,8 @@ def main(argv=None) -> None:
     if "state" in args.only:
         print(f"state growth: keys {args.state_keys}, micro-batches of {args.state_batch:,}", flush=True)
         try:
-            result["state"] = state_growth.run([int(k) for k in args.state_keys.split(",")], args.state_batch, 3,
-                                               list(state_growth.OPERATORS))
+            result["state"] = state_growth.run([int(k) for k in args.state_keys.split(",")], args.state_batch,
+                                               state_growth.MEASURED, list(state_growth.OPERATORS))
             result["state_png"] = os.path.join(out_dir, f"{name}-state-growth.png")
             state_growth.plot(result["state"], result["state_png"],
                               f"state growth, batches of {args.state_batch:,}, {stamp} UTC")
