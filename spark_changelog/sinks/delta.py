@@ -84,8 +84,8 @@ from ..model import KIND_COL, METADATA_COLUMNS, SEQ_COL, as_key
 from ..model.rowkind import IS_ADD
 from ..operators.kernels import arrow_key_arrays, last_change_per_key
 from .base import UpsertSink, check_kinds
-from .delta_log import (CommitTaken, LiveFiles, commit_next_version, local_table_dir, read_deletion_vector,
-                        write_deletion_vectors)
+from .delta_log import (CommitTaken, LiveFiles, TableStore, commit_next_version, local_table_dir,
+                        read_deletion_vector, write_deletion_vectors)
 
 PRIMARY_KEY_PROPERTY = "spark_changelog.primary_key"
 #: ``delta.targetFileSize`` given to tables the sink creates, unless configured.
@@ -100,7 +100,7 @@ _APPEND_ATTEMPTS = 3
 #: "Compaction: automatic")
 DEFAULT_COMPACT_MIN_FILES = 50
 
-__all__ = ["DeltaPath", "DeltaUpsertSink", "DeltaSinkSchemaError", "StagedAppend", "StagedUpsert",
+__all__ = ["DeltaPath", "DeltaUpsertSink", "DeltaSinkSchemaError", "StagedAppend", "StagedUpsert", "live_rows",
            "KEY_INDEX_DIR", "PRIMARY_KEY_PROPERTY", "TABLE_OPTIONS", "compact_table", "sink_options",
            "read_table", "table_key"]
 
@@ -314,7 +314,7 @@ class DeltaUpsertSink(UpsertSink):
         self._live_files: Optional[LiveFiles] = None
         #: query id -> (table version checked up to, only that query wrote rows)
         self._writers: dict[str, tuple[int, bool]] = {}
-        self._log_fs = None
+        self._store: Optional[TableStore] = None
         self.columns = tuple(self.schema.names)
         self._check_definition()
         self._dt = None
@@ -325,7 +325,7 @@ class DeltaUpsertSink(UpsertSink):
     def __getstate__(self) -> dict:
         # picklable (a Spark Connect server runs the batch handler): the open
         # table and the log's file system are reopened there
-        return {**self.__dict__, "_dt": None, "_log_fs": None, "_live_files": None}
+        return {**self.__dict__, "_dt": None, "_store": None, "_live_files": None}
 
     # ------------------------------------------------------------------ setup
     def _check_definition(self) -> None:
@@ -344,6 +344,14 @@ class DeltaUpsertSink(UpsertSink):
             missing = [c for c in self.partition_by if c not in self.columns]
             if missing:
                 raise ValueError(f"partition column(s) {missing} not among sink columns {list(self.columns)}")
+
+    @property
+    def store(self) -> TableStore:
+        """The table's files (log, deletion vectors, data files) as one file
+        system, local or an object store (:class:`delta_log.TableStore`)."""
+        if self._store is None:
+            self._store = TableStore(self.path, self.storage_options)
+        return self._store
 
     def _delta_schema(self):
         dl = _deltalake()
@@ -368,7 +376,7 @@ class DeltaUpsertSink(UpsertSink):
                     description=f"spark_changelog upsert table, primary key ({', '.join(self.key)})",
                     configuration=config, storage_options=self.storage_options,
                     raise_if_key_not_exists=False)
-                if self.deletion_vectors and local_table_dir(self.path) is not None:
+                if self.deletion_vectors and self.store.can_commit:
                     # only the feature: delta-rs 1.6.6 would add ``variantType``
                     # with the property ``delta.enableDeletionVectors``
                     dl.DeltaTable(self.path, storage_options=self.storage_options).alter.add_feature(
@@ -626,13 +634,8 @@ class DeltaUpsertSink(UpsertSink):
     def _commit_actions(self, version: int) -> Optional[list]:
         """The actions of the table's commit ``version`` (``None`` if its log
         file is gone)."""
-        if self._log_fs is None:
-            import pyarrow.fs as pafs
-            from deltalake.fs import DeltaStorageHandler
-            self._log_fs = pafs.PyFileSystem(DeltaStorageHandler(self.path, self.storage_options))
         try:
-            with self._log_fs.open_input_stream(f"_delta_log/{version:020d}.json") as f:
-                text = f.read().decode("utf-8")
+            text = self.store.read(f"_delta_log/{version:020d}.json").decode("utf-8")
         except FileNotFoundError:
             return None
         return [json.loads(line) for line in text.splitlines() if line.strip()]
@@ -672,13 +675,12 @@ class DeltaUpsertSink(UpsertSink):
         the key and written as files of about the target size, in one commit
         that changes no row (``dataChange`` false: ``remove`` of the old
         files, ``add`` of the new; readers see the table before or after it,
-        the same rows either way).  The old files stay until a vacuum.  Local,
-        unpartitioned tables (the commit is the sink's own, as for deletion
-        vectors).  Another writer's commit in between: nothing is committed,
+        the same rows either way).  The old files stay until a vacuum.
+        Unpartitioned tables on a store the sink commits to (the commit is
+        its own, as for deletion vectors: local file systems and S3).  Another writer's commit in between: nothing is committed,
         the next batch tries again.  -> ``{"files_removed", "files_added",
         "table_version"}``, or ``None`` when not due."""
-        table_dir = local_table_dir(self.path)
-        if table_dir is None:
+        if not self.store.can_commit:
             return None
         dt = self._table() if refresh or self._dt is None else self._dt
         if dt.metadata().partition_columns:
@@ -688,7 +690,7 @@ class DeltaUpsertSink(UpsertSink):
         chosen = _compaction_candidates(self.live_files(version).values(), target, self.compact_min_files)
         if not chosen:
             return None
-        new_files = _rewrite_sorted(self, table_dir, chosen, target)
+        new_files = _rewrite_sorted(self, chosen, target)
         now = int(time.time() * 1000)
         actions = [{"commitInfo": {"timestamp": now, "operation": "OPTIMIZE",
                                    "operationParameters": {"writer": "spark_changelog", "policy": "auto-compact",
@@ -700,7 +702,7 @@ class DeltaUpsertSink(UpsertSink):
         actions += [{"add": {"path": f["path"], "partitionValues": {}, "size": f["size"], "modificationTime": now,
                              "dataChange": False, "stats": f["stats"]}} for f in new_files]
         try:
-            commit_next_version(table_dir, version + 1, actions)
+            commit_next_version(self.store, version + 1, actions)
         except BaseException as err:
             _drop_data_files(self, [{"files": new_files}], keep_table=True)
             if isinstance(err, CommitTaken):
@@ -732,17 +734,18 @@ class DeltaUpsertSink(UpsertSink):
     def _deletion_vector_layout(self, dt) -> bool:
         """Updates and deletes go to deletion vectors: the sink may write
         them (``deletion_vectors``), the table supports
-        them (reader and writer feature), is unpartitioned and on a file
-        system the sink commits to itself (:func:`delta_log.local_table_dir`)."""
+        them (reader and writer feature), is unpartitioned and on a store
+        the sink commits to itself (:attr:`delta_log.TableStore.can_commit`:
+        a local file system, or S3 with conditional puts)."""
         protocol = dt.protocol()
         return (self.deletion_vectors and "deletionVectors" in (protocol.reader_features or [])
                 and "deletionVectors" in (protocol.writer_features or [])
-                and not dt.metadata().partition_columns and local_table_dir(self.path) is not None)
+                and not dt.metadata().partition_columns and self.store.can_commit)
 
     def live_files(self, version: int) -> dict[str, dict]:
         """path -> ``add`` action of the table's live files at ``version``."""
         if self._live_files is None:
-            self._live_files = LiveFiles(local_table_dir(self.path))
+            self._live_files = LiveFiles(self.store)
         return self._live_files.at(version)
 
     # ----------------------------------------------------------------- checks
@@ -896,27 +899,21 @@ def _write_data_file(sink: DeltaUpsertSink, rows: pa.Table, partition: int) -> l
         return []
     import uuid
 
-    import pyarrow.fs as pafs
     import pyarrow.parquet as pq
-    from deltalake.fs import DeltaStorageHandler
     name = f"part-{partition:05d}-{uuid.uuid4()}-c000.snappy.parquet"
-    fs = pafs.PyFileSystem(DeltaStorageHandler(sink.path, sink.storage_options))
+    fs = sink.store.fs
     with fs.open_output_stream(name) as f:
         pq.write_table(rows, f, compression="snappy")
-    table_dir = local_table_dir(sink.path)
-    if table_dir is not None:
+    table_dir = sink.store.local_dir
+    if table_dir is not None:       # key indexes are local only: object stores read the key column
         _write_key_index(os.path.join(table_dir, name), rows.select(list(sink.key)))
     return [{"path": name, "size": fs.get_file_info(name).size, "stats": _file_stats(rows, sink.key)}]
 
 
 def _drop_data_files(sink: DeltaUpsertSink, written: list[dict], keep_table: bool = False) -> None:
-    import pyarrow.fs as pafs
-    from deltalake.fs import DeltaStorageHandler
-    fs = pafs.PyFileSystem(DeltaStorageHandler(sink.path, sink.storage_options))
-    table_dir = local_table_dir(sink.path)
+    table_dir = sink.store.local_dir
     for f in (f for w in written for f in w["files"]):
-        with contextlib.suppress(FileNotFoundError):
-            fs.delete_file(f["path"])
+        sink.store.delete(f["path"])
         if table_dir is not None:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(_key_index_path(os.path.join(table_dir, f["path"])))
@@ -983,20 +980,20 @@ class StagedUpsert:
 
         import pyarrow.compute as pc
         s = self.sink
-        table_dir = local_table_dir(s.path)
+        store = s.store
         bounds = {k: pc.min_max(keys[k]).as_py() for k in s.key}
         key_schema = pa.schema([s.schema.field(k).with_nullable(False) for k in s.key])
         is_add_of_key = keys[_ADD_COL].to_numpy(zero_copy_only=False).astype(bool)
         for f in self.files:
             if not _may_hold(f, bounds):
                 continue
-            pos, is_add = _matches(_file_keys(os.path.join(table_dir, f["path"]), key_schema, f["rows"]),
+            pos, is_add = _matches(_file_keys(store, f["path"], key_schema, f["rows"]),
                                    keys, s.key, is_add_of_key)
             found = _bitmap(pos)
             if f["dv"] and len(pos):
                 # only the found rows the vector already deletes: the cost
                 # follows the batch's rows, not the rows deleted so far
-                dead = read_deletion_vector(table_dir, f["dv"]) & found
+                dead = read_deletion_vector(store, f["dv"]) & found
                 if dead:
                     live = ~np.isin(pos, np.frombuffer(dead.to_array(), dtype=np.uint32))
                     pos, is_add = pos[live], is_add[live]
@@ -1020,7 +1017,6 @@ class StagedUpsert:
 
         from pyroaring import BitMap
         s = self.sink
-        table_dir = local_table_dir(s.path)
         touched: dict[str, BitMap] = {}
         for w in written:
             for path, blob in w["positions"].items():
@@ -1045,22 +1041,22 @@ class StagedUpsert:
         vectors, dv_file = [], None
         for path, positions in touched.items():
             add = live[path]
-            deleted = read_deletion_vector(table_dir, add.get("deletionVector")) | positions
+            deleted = read_deletion_vector(s.store, add.get("deletionVector")) | positions
             actions.append({"remove": _remove_action(add, now)})
             if len(deleted) < _num_records(add):
                 vectors.append((add, deleted))
         try:
             if vectors:
-                dv_file, descriptors = write_deletion_vectors(table_dir, [v for _, v in vectors])
+                dv_file, descriptors = write_deletion_vectors(s.store, [v for _, v in vectors])
                 actions += [{"add": _with_deletion_vector(add, d)} for (add, _), d in zip(vectors, descriptors)]
             actions += [{"add": {"path": f["path"], "partitionValues": {}, "size": f["size"],
                                  "modificationTime": now, "dataChange": True, "stats": f["stats"]}}
                         for f in new_files]
-            commit_next_version(table_dir, self.version + 1, actions)
+            commit_next_version(s.store, self.version + 1, actions)
         except BaseException as err:
             self.drop(written)
             if dv_file is not None:
-                os.remove(dv_file)
+                s.store.delete(dv_file)
             if isinstance(err, CommitTaken):
                 raise _deltalake().exceptions.CommitFailedError(
                     f"batch {self.batch_id} of query {self.query_id!r}: {err}; nothing of the batch "
@@ -1153,8 +1149,9 @@ def _cached_bytes(keys: "pa.Table | np.ndarray") -> int:
     return 0 if isinstance(keys, np.memmap) else keys.nbytes
 
 
-def _file_keys(path: str, key_schema: pa.Schema, rows: Optional[int] = None) -> "pa.Table | np.ndarray":
-    """The key columns of the data file at ``path``: a numpy array when the
+def _file_keys(store: TableStore, name: str, key_schema: pa.Schema, rows: Optional[int] = None
+               ) -> "pa.Table | np.ndarray":
+    """The key columns of the data file ``name`` of ``store``: a numpy array when the
     file is sorted by its one integer key (the sink's own files and compacted
     ones), else an Arrow table.  Such a file has a key index (the sorted keys
     as ``.npy``, :func:`_write_key_index`), mapped into memory instead of
@@ -1166,25 +1163,28 @@ def _file_keys(path: str, key_schema: pa.Schema, rows: Optional[int] = None) -> 
     to ``_KEY_CACHE_BYTES`` (mapped indexes do not count): the micro-batches
     of a running query look their keys up without reading the table again.
     ``rows``: the file's row count (its statistics), which an index must
-    have, else it is not used (and written again)."""
-    import pyarrow.parquet as pq
+    have, else it is not used (and written again).  Key indexes are kept
+    for local tables only; on an object store the key column is read from
+    the Parquet file (once per process, then cached)."""
+    path = store.uri(name)
     if path in _KEY_CACHE:
         _KEY_CACHE.move_to_end(path)
         return _KEY_CACHE[path]
-    index = _key_index_path(path)
+    index = _key_index_path(path) if store.local_dir is not None else None
     keys: "pa.Table | np.ndarray | None" = None
-    if len(key_schema) == 1 and pa.types.is_integer(key_schema.field(0).type) and os.path.exists(index):
+    if index and len(key_schema) == 1 and pa.types.is_integer(key_schema.field(0).type) \
+            and os.path.exists(index):
         with contextlib.suppress(ValueError, OSError):
             keys = np.load(index, mmap_mode="r")
         if keys is not None and (keys.ndim != 1 or (rows is not None and len(keys) != rows)):
             keys = None
     if keys is None:
-        table = pq.ParquetFile(path).read(columns=key_schema.names)
+        table = store.parquet(name).read(columns=key_schema.names)
         if table.schema != key_schema:
             table = table.cast(key_schema)
         column = _sorted_int_keys(table)
         keys = table if column is None else column
-        if column is not None:
+        if column is not None and index:
             _write_key_index(path, table)
     size = _cached_bytes(keys)
     if size <= _KEY_CACHE_BYTES:
@@ -1252,20 +1252,26 @@ def _compaction_candidates(adds, target: int, min_files: int) -> list[dict]:
     return chosen if len(chosen) > 1 or chosen[0].get("deletionVector") else []
 
 
-def _rewrite_sorted(sink: DeltaUpsertSink, table_dir: str, files: list[dict], target: int) -> list[dict]:
+def live_rows(sink: DeltaUpsertSink, add: dict) -> pa.Table:
+    """The rows of the live file ``add`` (an ``add`` action) that its
+    deletion vector does not delete, in the sink's schema: the sink's own
+    read of the table, through its store."""
+    rows = sink.store.parquet(add["path"]).read(columns=list(sink.columns)).select(list(sink.columns))
+    dead = read_deletion_vector(sink.store, add.get("deletionVector"))
+    if dead:
+        keep = np.ones(rows.num_rows, dtype=bool)
+        keep[np.frombuffer(dead.to_array(), dtype=np.uint32)] = False
+        rows = rows.filter(pa.array(keep))
+    return rows.cast(sink.schema)
+
+
+def _rewrite_sorted(sink: DeltaUpsertSink, files: list[dict], target: int) -> list[dict]:
     """The live rows of ``files`` (their deletion vectors applied), sorted by
     the key, as new data files of about ``target`` bytes each."""
-    import pyarrow.parquet as pq
     parts, size = [], 0
     for a in files:
-        rows = pq.read_table(os.path.join(table_dir, a["path"]), columns=list(sink.columns)).select(
-            list(sink.columns))
-        dead = read_deletion_vector(table_dir, a.get("deletionVector"))
-        if dead:
-            keep = np.ones(rows.num_rows, dtype=bool)
-            keep[np.frombuffer(dead.to_array(), dtype=np.uint32)] = False
-            rows = rows.filter(pa.array(keep))
-        parts.append(rows.cast(sink.schema))
+        rows = live_rows(sink, a)
+        parts.append(rows)
         size += a["size"] * rows.num_rows // max(1, _num_records(a))
     rows = pa.concat_tables(parts).sort_by([(k, "ascending") for k in sink.key])
     per_file = -(-rows.num_rows // max(1, -(-size // target)))

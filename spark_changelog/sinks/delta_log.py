@@ -21,10 +21,15 @@ defines them ("Deletion Vector Format"):
   in the table's directory.
 
 The commit is one JSON file ``_delta_log/<version>.json`` created only if
-no other writer created it (a hard link of a fully written temporary file:
-atomic, and it fails when the name exists), so two writers never both take
-a version.  That needs a file system with hard links: the sink uses this
-layout for tables on a local or shared (mounted) file system only.
+no other writer created it, so two writers never both take a version: on a
+local or mounted file system a hard link of a fully written temporary file
+(atomic, it fails when the name exists); on S3 and S3-compatible stores a
+conditional ``PutObject`` with ``If-None-Match: *`` (boto3), the same
+put-if-absent delta-rs makes with ``conditional_put = etag``.  Every other
+read and write of the table's files (log, checkpoints, deletion vectors,
+data files) goes through :class:`TableStore`, one file system for both:
+pyarrow's over delta-rs' ``DeltaStorageHandler`` with the sink's
+``storage_options`` (the local directory directly).
 """
 from __future__ import annotations
 
@@ -40,8 +45,8 @@ DV_MAGIC = 1681511377
 _Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
 _Z85_INDEX = {c: i for i, c in enumerate(_Z85)}
 
-__all__ = ["CommitTaken", "LiveFiles", "commit_next_version", "local_table_dir", "read_deletion_vector",
-           "serialize_positions", "write_deletion_vectors"]
+__all__ = ["CommitTaken", "LiveFiles", "TableStore", "commit_next_version", "local_table_dir",
+           "read_deletion_vector", "serialize_positions", "write_deletion_vectors"]
 
 
 class CommitTaken(Exception):
@@ -56,6 +61,156 @@ def local_table_dir(path: str) -> Optional[str]:
     if "://" in path:
         return None
     return os.path.abspath(path)
+
+
+#: URL schemes whose stores take a conditional put (``If-None-Match: *``)
+_S3_SCHEMES = ("s3", "s3a")
+#: ``storage_options`` names (lower case) of an S3 client's settings, as
+#: delta-rs (object_store) spells them, -> boto3's argument
+_S3_CLIENT_OPTIONS = {
+    "aws_endpoint_url": "endpoint_url", "aws_endpoint": "endpoint_url", "endpoint_url": "endpoint_url",
+    "endpoint": "endpoint_url", "aws_access_key_id": "aws_access_key_id", "access_key_id": "aws_access_key_id",
+    "aws_secret_access_key": "aws_secret_access_key", "secret_access_key": "aws_secret_access_key",
+    "aws_session_token": "aws_session_token", "session_token": "aws_session_token", "aws_token": "aws_session_token",
+    "aws_region": "region_name", "region": "region_name", "aws_default_region": "region_name"}
+
+
+class TableStore:
+    """The files of the table at ``path``, named relative to its root: the
+    one file system the sink reads and writes the log, checkpoints,
+    deletion vectors and data files through (docs/sinks.md, "Updates and
+    deletes: deletion vectors").  A local (or mounted) table is read with
+    the operating system's calls; any other URL through pyarrow's file
+    system over delta-rs' ``DeltaStorageHandler`` with ``storage_options``,
+    so it reaches every store delta-rs reaches, with the same settings.
+    Picklable (the executors open their own)."""
+
+    def __init__(self, path: str, storage_options: Optional[dict] = None):
+        self.path = path.rstrip("/")
+        self.storage_options = dict(storage_options or {})
+        self.local_dir = local_table_dir(path)
+        self._fs = None
+        self._s3 = None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_fs": None, "_s3": None}
+
+    @property
+    def can_commit(self) -> bool:
+        """The sink can take a version itself (put-if-absent): a local file
+        system (hard links), or S3 whose other writers use conditional puts
+        too (a table whose delta-rs writers lock through DynamoDB instead,
+        ``AWS_S3_LOCKING_PROVIDER``, keeps delta-rs' own commits)."""
+        if self.local_dir is not None:
+            return True
+        locking = {k.lower(): v for k, v in self.storage_options.items()}.get("aws_s3_locking_provider")
+        return self.path.split("://", 1)[0].lower() in _S3_SCHEMES and not locking
+
+    @property
+    def fs(self):
+        if self._fs is None:
+            import pyarrow.fs as pafs
+            from deltalake.fs import DeltaStorageHandler
+            self._fs = pafs.PyFileSystem(DeltaStorageHandler(self.path, self.storage_options or None))
+        return self._fs
+
+    def uri(self, name: str) -> str:
+        return os.path.join(self.local_dir, name) if self.local_dir is not None else f"{self.path}/{name}"
+
+    def read(self, name: str) -> bytes:
+        """The whole file (``FileNotFoundError`` if there is none)."""
+        if self.local_dir is not None:
+            with open(os.path.join(self.local_dir, name), "rb") as f:
+                return f.read()
+        with self.fs.open_input_stream(name) as f:
+            return f.read()
+
+    def read_range(self, name: str, offset: int, size: int) -> bytes:
+        if self.local_dir is not None:
+            with open(os.path.join(self.local_dir, name), "rb") as f:
+                f.seek(offset)
+                return f.read(size)
+        with self.fs.open_input_file(name) as f:
+            return f.read_at(size, offset)
+
+    def parquet(self, name: str):
+        """A ``pyarrow.parquet.ParquetFile`` of the data or checkpoint file."""
+        import pyarrow.parquet as pq
+        if self.local_dir is not None:
+            return pq.ParquetFile(os.path.join(self.local_dir, name))
+        return pq.ParquetFile(self.fs.open_input_file(name))
+
+    def write(self, name: str, data: bytes) -> None:
+        """A new file, whole (synced on a local file system)."""
+        if self.local_dir is not None:
+            with open(os.path.join(self.local_dir, name), "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            return
+        import pyarrow as pa
+        # delta-rs' stream takes ``bytes`` only, and pyarrow hands a direct
+        # write a Buffer; a buffered stream larger than the data passes it on
+        # as bytes when it is flushed
+        with self.fs.open_output_stream(name) as f, pa.BufferedOutputStream(f, buffer_size=len(data) + 1) as b:
+            b.write(data)
+
+    def delete(self, name: str) -> None:
+        """Delete the file if it is there."""
+        if self.local_dir is not None:
+            try:
+                os.remove(os.path.join(self.local_dir, name))
+            except FileNotFoundError:
+                pass
+            return
+        try:
+            self.fs.delete_file(name)
+        except FileNotFoundError:
+            pass
+
+    def put_if_absent(self, name: str, data: bytes) -> None:
+        """Create the file with ``data`` only if no file has that name
+        (``FileExistsError`` otherwise), atomically: a hard link of a fully
+        written, synced temporary file, or S3's conditional put."""
+        if self.local_dir is not None:
+            final = os.path.join(self.local_dir, name)
+            tmp = os.path.join(os.path.dirname(final), f".{os.path.basename(final)}.{uuid.uuid4()}.tmp")
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            try:
+                os.link(tmp, final)
+            finally:
+                os.remove(tmp)
+            return
+        if not self.can_commit:
+            raise NotImplementedError(f"no put-if-absent for {self.path!r} (local file systems and S3 only)")
+        from botocore.exceptions import ClientError
+        bucket, _, prefix = self.path.split("://", 1)[1].partition("/")
+        key = f"{prefix}/{name}" if prefix else name
+        try:
+            self._s3_client().put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
+        except ClientError as err:
+            # 412: the key exists; 409: a concurrent conditional put of it is in flight
+            if err.response.get("Error", {}).get("Code") in ("PreconditionFailed", "ConditionalRequestConflict") \
+                    or err.response.get("ResponseMetadata", {}).get("HTTPStatusCode") in (409, 412):
+                raise FileExistsError(key) from None
+            raise
+
+    def _s3_client(self):
+        """boto3's S3 client with the ``storage_options`` delta-rs is given
+        (endpoint, keys, region; the rest from boto3's own environment and
+        configuration, as delta-rs reads ``AWS_*`` from the environment)."""
+        if self._s3 is None:
+            import boto3
+            kwargs = {}
+            for name, value in self.storage_options.items():
+                arg = _S3_CLIENT_OPTIONS.get(name.lower())
+                if arg and value:
+                    kwargs[arg] = value
+            self._s3 = boto3.session.Session().client("s3", **kwargs)
+        return self._s3
 
 
 # --------------------------------------------------------------- Z85 encoding
@@ -108,16 +263,20 @@ def deserialize_positions(data: bytes):
     return BitMap.deserialize(data[16:])
 
 
-def _dv_file(table_dir: str, descriptor: dict) -> str:
+def _dv_file(store: TableStore, descriptor: dict) -> str:
+    """The name of a descriptor's deletion-vector file in ``store``."""
     kind, ref = descriptor["storageType"], descriptor["pathOrInlineDv"]
     if kind == "p":
-        return local_table_dir(ref) or ref
+        # an absolute path: inside the table (the store's names are relative)
+        root = store.uri("")
+        local = local_table_dir(ref) or ref
+        return os.path.relpath(local, store.local_dir) if store.local_dir is not None else ref[len(root):]
     prefix, encoded = ref[:-20], ref[-20:]
     name = f"deletion_vector_{uuid.UUID(bytes=z85_decode(encoded))}.bin"
-    return os.path.join(table_dir, prefix, name) if prefix else os.path.join(table_dir, name)
+    return f"{prefix}/{name}" if prefix else name
 
 
-def read_deletion_vector(table_dir: str, descriptor: Optional[dict]):
+def read_deletion_vector(store: TableStore, descriptor: Optional[dict]):
     """The deleted positions a descriptor names (empty without one)."""
     from pyroaring import BitMap
     if not descriptor:
@@ -125,32 +284,28 @@ def read_deletion_vector(table_dir: str, descriptor: Optional[dict]):
     size = int(descriptor["sizeInBytes"])
     if descriptor["storageType"] == "i":
         return deserialize_positions(z85_decode(descriptor["pathOrInlineDv"])[:size])
-    with open(_dv_file(table_dir, descriptor), "rb") as f:
-        f.seek(int(descriptor.get("offset") or 1))
-        (stored,) = struct.unpack(">i", f.read(4))
-        data = f.read(stored)
-        (crc,) = struct.unpack(">I", f.read(4))
+    blob = store.read_range(_dv_file(store, descriptor), int(descriptor.get("offset") or 1), size + 8)
+    (stored,) = struct.unpack_from(">i", blob, 0)
+    data = blob[4:4 + stored]
+    (crc,) = struct.unpack_from(">I", blob, 4 + stored) if len(blob) >= 8 + stored else (None,)
     if stored != size or zlib.crc32(data) != crc:
         raise ValueError(f"deletion vector {descriptor} is damaged (size or checksum)")
     return deserialize_positions(data)
 
 
-def write_deletion_vectors(table_dir: str, bitmaps: Iterable) -> tuple[str, list[dict]]:
-    """Write the bitmaps into one new deletion-vector file -> (its path, one
-    descriptor per bitmap, in order)."""
+def write_deletion_vectors(store: TableStore, bitmaps: Iterable) -> tuple[str, list[dict]]:
+    """Write the bitmaps into one new deletion-vector file -> (its name in
+    the store, one descriptor per bitmap, in order)."""
     ident = uuid.uuid4()
-    path = os.path.join(table_dir, f"deletion_vector_{ident}.bin")
+    name = f"deletion_vector_{ident}.bin"
     blob, descriptors = bytearray(b"\x01"), []
     for bitmap in bitmaps:
         data = serialize_positions(bitmap)
         descriptors.append({"storageType": "u", "pathOrInlineDv": z85_encode(ident.bytes),
                             "offset": len(blob), "sizeInBytes": len(data), "cardinality": len(bitmap)})
         blob += struct.pack(">i", len(data)) + data + struct.pack(">I", zlib.crc32(data))
-    with open(path, "wb") as f:
-        f.write(blob)
-        f.flush()
-        os.fsync(f.fileno())
-    return path, descriptors
+    store.write(name, bytes(blob))
+    return name, descriptors
 
 
 # --------------------------------------------------------------- live files
@@ -159,14 +314,10 @@ class LiveFiles:
     included) at a version, read from the log: the last checkpoint, then the
     JSON commits after it; later versions are read incrementally."""
 
-    def __init__(self, table_dir: str):
-        self.table_dir = table_dir
+    def __init__(self, store: TableStore):
+        self.store = store
         self.version = -1
         self.files: dict[str, dict] = {}
-
-    @property
-    def _log(self) -> str:
-        return os.path.join(self.table_dir, "_delta_log")
 
     def at(self, version: int) -> dict[str, dict]:
         """path -> ``add`` action of every live file at ``version``."""
@@ -175,16 +326,14 @@ class LiveFiles:
         if self.version < 0:
             self._from_checkpoint(version)
         for v in range(self.version + 1, version + 1):
-            with open(os.path.join(self._log, f"{v:020d}.json")) as f:
-                self._apply(json.loads(line) for line in f if line.strip())
+            text = self.store.read(f"_delta_log/{v:020d}.json").decode("utf-8")
+            self._apply(json.loads(line) for line in text.splitlines() if line.strip())
             self.version = v
         return self.files
 
     def _from_checkpoint(self, version: int) -> None:
-        import pyarrow.parquet as pq
         try:
-            with open(os.path.join(self._log, "_last_checkpoint")) as f:
-                last = json.load(f)
+            last = json.loads(self.store.read("_delta_log/_last_checkpoint"))
         except FileNotFoundError:
             return
         cp = int(last["version"])
@@ -194,7 +343,7 @@ class LiveFiles:
         names = ([f"{cp:020d}.checkpoint.parquet"] if not parts else
                  [f"{cp:020d}.checkpoint.{i:010d}.{parts:010d}.parquet" for i in range(1, parts + 1)])
         for name in names:
-            adds = pq.read_table(os.path.join(self._log, name), columns=["add"])["add"]
+            adds = self.store.parquet(f"_delta_log/{name}").read(columns=["add"])["add"]
             for a in adds.to_pylist():
                 if a is not None:
                     self.files[a["path"]] = _json_form(a)
@@ -223,20 +372,12 @@ def _json_form(add: dict) -> dict:
     return out
 
 
-def commit_next_version(table_dir: str, version: int, actions: list[dict]) -> None:
+def commit_next_version(store: TableStore, version: int, actions: list[dict]) -> None:
     """Write ``actions`` as commit ``version``, only if no writer took it
-    (:class:`CommitTaken` otherwise)."""
-    log = os.path.join(table_dir, "_delta_log")
-    final = os.path.join(log, f"{version:020d}.json")
-    tmp = os.path.join(log, f".{version:020d}.json.{uuid.uuid4()}.tmp")
-    with open(tmp, "w") as f:
-        f.write("\n".join(json.dumps(a, separators=(",", ":")) for a in actions) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    (:class:`CommitTaken` otherwise): :meth:`TableStore.put_if_absent`."""
+    text = "\n".join(json.dumps(a, separators=(",", ":")) for a in actions) + "\n"
     try:
-        os.link(tmp, final)
+        store.put_if_absent(f"_delta_log/{version:020d}.json", text.encode("utf-8"))
     except FileExistsError:
-        raise CommitTaken(f"version {version} of the Delta table at {table_dir!r} was committed by "
+        raise CommitTaken(f"version {version} of the Delta table at {store.path!r} was committed by "
                           f"another writer") from None
-    finally:
-        os.remove(tmp)

@@ -19,7 +19,8 @@ from sink_changes import SCHEMA, changes
 from spark_changelog.model import KIND_COL, SEQ_COL
 from spark_changelog.sinks.delta import (DeltaUpsertSink, StagedAppend, StagedUpsert, compact_table,
                                          read_table)
-from spark_changelog.sinks.delta_log import read_deletion_vector, write_deletion_vectors, z85_decode, z85_encode
+from spark_changelog.sinks.delta_log import (TableStore, read_deletion_vector, write_deletion_vectors, z85_decode,
+                                            z85_encode)
 from tests.delta_scan import scan_delta
 
 
@@ -44,15 +45,16 @@ def test_z85_and_a_deletion_vector_file_round_trip(tmp_path):
     raw = bytes(range(16))
     assert z85_decode(z85_encode(raw)) == raw
     assert z85_encode(bytes.fromhex("864FD26FB559F75B")) == "HelloWorld"     # the Z85 spec's example
-    path, descriptors = write_deletion_vectors(str(tmp_path), [BitMap([0, 5, 70000]), BitMap([3])])
+    store = TableStore(str(tmp_path))
+    name, descriptors = write_deletion_vectors(store, [BitMap([0, 5, 70000]), BitMap([3])])
     assert [d["cardinality"] for d in descriptors] == [3, 1] and descriptors[0]["offset"] == 1
-    assert list(read_deletion_vector(str(tmp_path), descriptors[0])) == [0, 5, 70000]
-    assert list(read_deletion_vector(str(tmp_path), descriptors[1])) == [3]
-    with open(path, "r+b") as f:            # a damaged vector is an error, never a wrong row set
+    assert list(read_deletion_vector(store, descriptors[0])) == [0, 5, 70000]
+    assert list(read_deletion_vector(store, descriptors[1])) == [3]
+    with open(tmp_path / name, "r+b") as f:     # a damaged vector is an error, never a wrong row set
         f.seek(descriptors[1]["offset"] + 6)
         f.write(b"\xff")
     with pytest.raises(ValueError, match="damaged"):
-        read_deletion_vector(str(tmp_path), descriptors[1])
+        read_deletion_vector(store, descriptors[1])
 
 
 def test_updates_and_deletes_become_deletion_vectors_in_one_commit(tmp_path):
