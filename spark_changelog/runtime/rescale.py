@@ -53,7 +53,7 @@ from pyspark.sql.streaming import StatefulProcessor
 from ..model.errors import UserError
 from .checkpoint import check_checkpoint, log_ids, query_dirs, state_operators
 from .spark_hash import key_groups as spark_key_groups, supports as spark_hash_supports
-from .spark_keyed import BLOB_SCHEMA, META_SCHEMA, RUN_ID_SCHEMA
+from .key_group_processor import BLOB_SCHEMA, META_SCHEMA, RUN_ID_SCHEMA
 from .state_runs import Run, RunStack, name_new_runs
 
 #: a checkpoint written to less than this many seconds ago may belong to a running query

@@ -51,7 +51,7 @@ from .state_runs import RunStack, run_schema
 from .keyed_rows import (KEY_GROUP_COL, METRICS_GROUP, arrow_input, arrow_output, operator_schema_of,
                          output_schema_with_metrics, spark_schema, split_upstream_metrics,
                          with_metrics)
-from .spark_keyed import BLOB_SCHEMA, META_SCHEMA, RUN_ID_SCHEMA, KeyGroupProcessor
+from .key_group_processor import BLOB_SCHEMA, META_SCHEMA, RUN_ID_SCHEMA, KeyGroupProcessor
 
 #: ``_kind`` of a watermark summary row (never leaves the operator)
 PROGRESS_KIND = -2
@@ -63,7 +63,7 @@ _HELPERS = (PART_COL, PROGRESS_COL, NOW_COL)
 EVENT_TIME_KEY_GROUPS = 2
 
 
-#: the watermarks' value state, declared with a type (``spark_keyed.META_SCHEMA``)
+#: the watermarks' value state, declared with a type (``key_group_processor.META_SCHEMA``)
 _WATERMARKS = StructType([StructField("json", StringType())])
 
 
