@@ -57,7 +57,7 @@ def main() -> None:
     archive = java_option()
     if not archive:
         raise SystemExit("no class archive in this environment: run scripts/setup (or "
-                         "python -m spark_changelog.runtime.class_archive)")
+                         "python -m spark_changelog.class_archive_build)")
     vs_flink.ensure_inputs(args.events, 100_000, 4, os.path.join(tempfile.gettempdir(), "spark-changelog-bench"))
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     runs = {"without": [], "with": []}
