@@ -287,7 +287,8 @@ def markdown(result: dict) -> str:
                 f"{w['same_result']} | {r.get('ours_streaming', {}).get('load', '-')} |")
         lines.append("")
         if any(w["workload"] == "windows" for w in result["workloads"]):
-            lines += ["windows: the clicks end with one closing click per file, ten days after the last real one, "
+            lines += ["windows: the clicks are in two files (one per reader), each ending with a closing click "
+                      "ten days after the last real one, "
                       "so that every real window closes on both engines (Flink's bounded source also closes the "
                       "rest at the end of input; a streaming run of ours leaves the windows its watermark has not "
                       "passed open for later input); the check compares the windows before the closing one "

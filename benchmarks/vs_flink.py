@@ -346,9 +346,12 @@ def ensure_inputs(events: int, ids: int, files: int, cache: str) -> dict:
     if not os.path.isdir(plain):
         generate_insert_only(plain + ".tmp", events, ids, files)
         os.replace(plain + ".tmp", plain)
-    clicks = os.path.join(cache, f"clicks-closing-{events}-{ids}-{files}")
+    # two files, one per reader of either engine (parallelism 2): a reader
+    # that read a closing click and then another file would find that file's
+    # clicks late (Flink's watermark is per reader, not per file)
+    clicks = os.path.join(cache, f"clicks-closing-{events}-{ids}-{CLICK_FILES}")
     if not os.path.isdir(clicks):
-        generate_clicks(clicks + ".tmp", events, max(ids // 10, 100), files)
+        generate_clicks(clicks + ".tmp", events, max(ids // 10, 100), CLICK_FILES)
         os.replace(clicks + ".tmp", clicks)
     return {"main": cached_files(cache, events, ids, files),
             "left": cached_files(cache, events // 2, ids, files),
@@ -373,6 +376,7 @@ def generate_insert_only(directory: str, events: int, ids: int, files: int, seed
 
 
 CLICKS_START_MS = 1_600_000_000_000
+CLICK_FILES = 2
 CLOSING_GAP_MS = 10 * 86_400_000
 
 
@@ -396,7 +400,9 @@ def generate_clicks(directory: str, events: int, users: int, files: int, seed: i
     as in a stream that goes on).  The closing clicks move every partition's
     watermark past all real windows on both engines, so the tables agree on
     them; only the closing window itself differs, and the check leaves it
-    out (:func:`closing_window_bound`)."""
+    out (:func:`closing_window_bound`).  A reader must read nothing after a
+    closing click (its watermark would make the rest late), hence as many
+    files as readers (:data:`CLICK_FILES`)."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
