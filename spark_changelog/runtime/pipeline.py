@@ -430,6 +430,11 @@ def run_to_sink(df, table, *, key, schema: pa.Schema, checkpoint: Optional[str] 
         .option("checkpointLocation", handler.main_checkpoint)
     writer = writer.trigger(availableNow=True) if trigger is None else writer.trigger(processingTime=trigger)
     from .session import QueryStarts
+    if not remote:
+        # the stateful operators' driver processes forked from a server
+        # that imports while Spark plans (runtime/driver_worker_forks.py)
+        from .driver_worker_forks import prestart
+        prestart(df.sparkSession)
     starts = QueryStarts()
     query = starts.start(writer.start)
 

@@ -27,7 +27,11 @@ PySpark, pandas, pyarrow and gRPC before they connect (0.7 s of CPU for the
 of CPU.  For those modules (:data:`CONNECT_FIRST`) :func:`main` connects
 back first, with the standard library only, then imports the module and
 runs its ``main`` on the connection, as its ``__main__`` block would; once
-connected, Spark waits minutes for the process's first answer.
+connected, Spark waits minutes for the process's first answer.  The
+stateful operators' pre-init module does not even import: the launcher
+hands the connection to the driver's fork server, which has it imported,
+and waits for the forked child (:mod:`.driver_worker_forks`); without a
+server it runs the module itself.
 ``spark-changelog-python`` (a console script, :func:`console_main`) is this
 launcher for a Spark Connect server's ``PYSPARK_PYTHON`` (docs/deploy.md,
 "Starting a streaming query").
@@ -91,7 +95,7 @@ def connect_back(timeout):
     """Connect to the JVM that started this process, authenticate and send
     the pid, as PySpark's ``get_sock_file_to_executor(timeout)`` does (its
     ``local_connect_and_auth``: TCP with the secret, or the unix socket)
-    -> the connection as a file."""
+    -> the connection, as a socket and as a file (nothing read ahead)."""
     buffer_size = int(os.environ.get("SPARK_BUFFER_SIZE", 65536))
     auth_timeout = int(os.environ.get("SPARK_AUTH_SOCKET_TIMEOUT", 15))
     secret = os.environ.get("PYTHON_WORKER_FACTORY_SECRET")
@@ -117,18 +121,20 @@ def connect_back(timeout):
         sock.settimeout(timeout)
     f.write(struct.pack("!i", os.getpid()))
     f.flush()
-    return f
+    return sock, f
 
 
 def main(argv: list) -> None:
     """``argv``: the launcher's command line.  ``-m MODULE ARGS...`` runs the
     module as ``__main__`` after dropping PySpark's bundled copies from the
-    path (a :data:`CONNECT_FIRST` module: after connecting back); anything
-    else is the interpreter's command line, run as it is."""
+    path (a :data:`CONNECT_FIRST` module: after connecting back, in a child
+    of the driver's fork server when one takes it over); anything else is
+    the interpreter's command line, run as it is."""
     if len(argv) < 3 or argv[1] != "-m":
         os.execv(sys.executable, [sys.executable] + list(argv[1:]))
     module = argv[2]
-    sock_file = connect_back(CONNECT_FIRST[module]) if module in CONNECT_FIRST and len(argv) == 3 else None
+    sock, sock_file = connect_back(CONNECT_FIRST[module]) if module in CONNECT_FIRST and len(argv) == 3 \
+        else (None, None)
     from .worker_daemon import without_bundled_copies
     kept = without_bundled_copies(sys.path)
     for entry in set(sys.path) - set(kept):
@@ -136,6 +142,11 @@ def main(argv: list) -> None:
     # ``python -m`` puts the working directory first, not the script's
     sys.path[:] = [os.getcwd()] + kept[1:]
     if sock_file is not None:
+        from .driver_worker_forks import hand_over
+        status = hand_over(module, sock, sys.path)
+        if status is not None:
+            sock_file.close()
+            sys.exit(status)
         try:
             importlib.import_module(module).main(sock_file, sock_file)
         finally:
