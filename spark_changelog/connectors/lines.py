@@ -255,11 +255,13 @@ def lines_of_range(fh, path: str, length: int, start: int, end: int, keep_header
             first = nl + 1
     if first >= end:
         return
-    data = fh.read_at(end - first, first)
-    if not data.endswith(b"\n") and end < length:
-        # finish the last line, which runs past the range
+    stop = end
+    if end < length and fh.read_at(1, end - 1) != b"\n":
+        # finish the last line, which runs past the range (found first, so the
+        # range is read in one piece: no second copy of its bytes)
         nl = _find_newline(fh, end, length)
-        data += fh.read_at((length if nl is None else nl + 1) - end, end)
+        stop = length if nl is None else nl + 1
+    data = fh.read_at(stop - first, first)
     at_eof = first + len(data) >= length
     buf = np.frombuffer(data, dtype=np.uint8)
     newlines = np.flatnonzero(buf == 10)
