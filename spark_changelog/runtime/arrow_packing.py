@@ -60,12 +60,18 @@ def pack_groups(table: pa.Table, groups: np.ndarray) -> Iterator[tuple[int, byte
     in their order in ``table``."""
     if not table.num_rows:
         return
-    order = np.argsort(groups, kind="stable")
+    keys = groups
+    if len(groups) and -(1 << 15) <= groups.min() and groups.max() < 1 << 15:
+        keys = groups.astype(np.int16)         # numpy's stable sort of 16-bit ints is a radix sort
+    order = np.argsort(keys, kind="stable")
     ordered = groups[order]
     starts = np.flatnonzero(run_starts(ordered))
     ends = np.r_[starts[1:], len(ordered)]
+    # one gather of the whole table, then each group a zero-copy slice of it
+    # (one ``take`` per group cost a kernel call and allocation each)
+    table = table.take(pa.array(order)).combine_chunks()
     for s, e in zip(starts, ends):
-        yield int(ordered[s]), pack(table.take(pa.array(order[s:e])))
+        yield int(ordered[s]), pack(table.slice(s, e - s))
 
 
 def packed_batch(pairs, group_col: str) -> pa.RecordBatch:

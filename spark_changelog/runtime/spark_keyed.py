@@ -279,16 +279,19 @@ def pack_key_groups(df, operator: KeyedOperator, key_groups: int, chunk_rows: in
 
     def pack_part(batches):
         table = pa.Table.from_batches(batches)
-        pairs = []
-        if schema is not None:
-            # the line task's packed rows pass; the others are packed here,
-            # in the same schema
-            line_packed = table.column(PACKED_ROWS_COL).is_valid()
-            done = table.filter(line_packed)
-            pairs = list(zip(done.column(PACKED_GROUP_COL).to_pylist(), done.column(PACKED_ROWS_COL).to_pylist()))
-            rest = table.filter(pc.invert(line_packed))
-            table = conform(rest, schema).append_column(KEY_GROUP_COL, rest.column(KEY_GROUP_COL))
-        return packed_batch(pairs + _pack_table(table, operator), KEY_GROUP_COL)
+        if schema is None:
+            return packed_batch(_pack_table(table, operator), KEY_GROUP_COL)
+        # the line task's packed rows pass as Arrow columns (no Python object
+        # per blob); the others are packed here, in the same schema
+        line_packed = table.column(PACKED_ROWS_COL).is_valid()
+        done = table.filter(line_packed).select([PACKED_GROUP_COL, PACKED_ROWS_COL]).combine_chunks()
+        rest = table.filter(pc.invert(line_packed))
+        rest = conform(rest, schema).append_column(KEY_GROUP_COL, rest.column(KEY_GROUP_COL))
+        more = packed_batch(_pack_table(rest, operator), KEY_GROUP_COL)
+        groups = [c.cast(pa.int32()) for c in done.column(0).chunks] + [more.column(0)]
+        blobs = [c.cast(pa.binary()) for c in done.column(1).chunks] + [more.column(1)]
+        return pa.record_batch([pa.concat_arrays(groups), pa.concat_arrays(blobs)],
+                               schema=packed_schema(KEY_GROUP_COL))
 
     def fn(batches):
         part, n = [], 0
