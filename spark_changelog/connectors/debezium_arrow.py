@@ -54,6 +54,8 @@ _SOURCE = pa.struct([("lsn", pa.int64()), ("file", pa.string()), ("pos", pa.int6
 #: remaining failing parts go to Spark's VARIANT path whole
 _PARSE_BUDGET = 4
 _OPEN, _CLOSE, _SPACE = ord("{"), ord("}"), ord(" ")
+#: the ``op`` values of the fast path, in the order of the codes :meth:`DebeziumArrowParser._rows` uses
+_OPS = pa.array(["c", "r", "u", "d"])
 _INSERT, _UPDATE_BEFORE, _UPDATE_AFTER, _DELETE = (int(k) for k in (RowKind.INSERT, RowKind.UPDATE_BEFORE,
                                                                      RowKind.UPDATE_AFTER, RowKind.DELETE))
 #: Arrow type -> Spark DDL type of the line task's columns
@@ -157,8 +159,9 @@ class DebeziumArrowParser(FinishingParser):
         ts = pc.coalesce(env("ts_ms"), source["ts_ms"])
         position, position_ok = _position(source["lsn"], source["file"], source["pos"], source["row"], ts,
                                           file_no, line_numbers)
-        ops = {o: _true(pc.equal(op, o)) for o in ("c", "r", "u", "d")}
-        inserted, updated, deleted = ops["c"] | ops["r"], ops["u"], ops["d"]
+        # one lookup of each line's op in (c, r, u, d): 0-3, -1 for any other or NULL
+        op_code = np.asarray(pc.index_in(op, value_set=_OPS).fill_null(-1).to_numpy(zero_copy_only=False))
+        inserted, updated, deleted = (op_code == 0) | (op_code == 1), op_code == 2, op_code == 3
         after_ok, before_ok = self._key_present(after), self._key_present(before)
         fast = (parsed & (wrapped | plain) & position_ok & values_plain(before)
                 & values_plain(after)
@@ -300,9 +303,15 @@ class PackingParser:
             n = len(line_of)
             return line_of, values + [pa.nulls(n, pa.int32()), pa.nulls(n, pa.binary())], needs_raw
         names = [c for c, _ in self.parser.columns] + [KIND_COL, SEQ_COL]
-        pairs = list(self.packer(pa.table([v.take(finished) for v in values], names=names)))
-        rest = np.flatnonzero(needs_raw)
+        every = len(finished) == len(line_of)     # the common case: no line left to Spark
+        pairs = list(self.packer(pa.table(values if every else [v.take(finished) for v in values], names=names)))
         m = len(pairs)
+        if every:
+            out = [pa.nulls(m, v.type) for v in values[:-2]]
+            out += [pa.array(np.full(m, PACKED_KIND, np.int8)), pa.array(np.zeros(m, np.int64)),
+                    pa.array([g for g, _ in pairs], pa.int32()), pa.array([b for _, b in pairs], pa.binary())]
+            return np.full(m, line_of[0]), out, np.zeros(m, dtype=bool)
+        rest = np.flatnonzero(needs_raw)
         # a packed row is numbered as the first finished line: it is never
         # reported by line (its rows are valid changes)
         out_line_of = np.concatenate([line_of[rest], np.full(m, line_of[finished[0]])])
