@@ -88,6 +88,14 @@ def start(jvm_pid: int, path: list):
 
 #: the servers this process started: JVM pid -> the server's process
 _STARTED: dict = {}
+#: ``0`` in the driver's environment (which Spark passes on to the
+#: launchers): no server, every launcher runs its module itself, as it did
+#: before (``scripts/bench query-start`` compares the two)
+SWITCH = "SPARK_CHANGELOG_DRIVER_FORKS"
+
+
+def enabled() -> bool:
+    return os.environ.get(SWITCH, "1") != "0"
 
 
 def prestart(spark) -> None:
@@ -97,7 +105,7 @@ def prestart(spark) -> None:
     ``PYSPARK_PYTHON``), and not again while the one started is running.
     The server imports while Spark analyzes and plans the query."""
     from .worker_launcher import launcher
-    if os.environ.get("PYSPARK_PYTHON") != launcher():
+    if not enabled() or os.environ.get("PYSPARK_PYTHON") != launcher():
         return
     jvm_pid = int(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())
     server = _STARTED.get(jvm_pid)
@@ -110,7 +118,7 @@ def hand_over(module: str, sock: socket.socket, path: list) -> int | None:
     driver's server -> the child's exit status; None when no server took it
     over (the caller runs the module itself; the connection is untouched).
     The first launcher without a server starts one."""
-    if module not in SERVED:
+    if module not in SERVED or not enabled():
         return None
     jvm_pid = os.getppid()
     name = address(jvm_pid)

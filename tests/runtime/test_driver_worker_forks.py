@@ -129,3 +129,18 @@ def test_the_server_is_one_per_jvm_serves_its_module_only_and_ends_with_the_jvm(
         for proc in (jvm, server):
             if proc.poll() is None:
                 proc.kill()
+
+
+def test_switched_off_the_launcher_keeps_its_module(monkeypatch):
+    """``SPARK_CHANGELOG_DRIVER_FORKS=0``: no hand-over (the launcher runs
+    the module itself) and no server started."""
+    from spark_changelog.runtime import driver_worker_forks as forks
+    monkeypatch.setenv(forks.SWITCH, "0")
+    started = []
+    monkeypatch.setattr(forks, "start", lambda *args: started.append(args))
+    a, b = socket.socketpair()
+    with a, b:
+        assert forks.hand_over(PRE_INIT, a, sys.path) is None
+    assert started == []
+    monkeypatch.setenv(forks.SWITCH, "1")
+    assert forks.enabled()
