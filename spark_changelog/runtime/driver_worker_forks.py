@@ -108,8 +108,10 @@ def prestart(spark) -> None:
     if not enabled() or os.environ.get("PYSPARK_PYTHON") != launcher():
         return
     jvm_pid = int(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())
-    server = _STARTED.get(jvm_pid)
-    if server is None or server.poll() is not None:
+    for pid, server in list(_STARTED.items()):
+        if server is None or server.poll() is not None:     # reaped: ended with its JVM
+            del _STARTED[pid]
+    if jvm_pid not in _STARTED:
         _STARTED[jvm_pid] = start(jvm_pid, sys.path)
 
 

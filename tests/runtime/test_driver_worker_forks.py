@@ -144,3 +144,29 @@ def test_switched_off_the_launcher_keeps_its_module(monkeypatch):
     assert started == []
     monkeypatch.setenv(forks.SWITCH, "1")
     assert forks.enabled()
+
+
+def test_prestart_starts_one_server_per_session_and_forgets_ended_ones(spark):
+    """Before a local streaming query: one server for the session's JVM,
+    listening once imported, not started again while it runs; a server
+    that has ended (its JVM gone) is reaped and forgotten."""
+    from spark_changelog.runtime import driver_worker_forks as forks
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    forks._STARTED[-1] = ended
+    forks.prestart(spark)
+    forks.prestart(spark)
+    jvm_pid = int(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())
+    assert set(forks._STARTED) == {jvm_pid}
+    server = forks._STARTED[jvm_pid]
+    assert server.poll() is None
+
+    def listening() -> bool:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            try:
+                probe.connect(address(jvm_pid))
+                return True
+            except OSError:
+                return False
+
+    assert _wait(listening)
