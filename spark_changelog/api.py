@@ -223,7 +223,8 @@ class ChangelogStream:
                     order_by: Optional[str] = None, keep: str = "first", *,
                     generate_update_before: bool = True, generate_insert: bool = True,
                     fold_batch: bool = False, state_ttl_ms: Optional[int] = None,
-                    key_groups: Optional[int] = None) -> "ChangelogStream":
+                    key_groups: Optional[int] = None,
+                    proctime_column: Optional[str] = None) -> "ChangelogStream":
         """``ROW_NUMBER() OVER (PARTITION BY key ORDER BY order_by ASC|DESC) = 1``:
         keep the first (``keep="first"``, ASC) or last (``"last"``, DESC) row per
         ``key`` (default: the primary key; ``key=()``: one row over the whole
@@ -234,7 +235,11 @@ class ChangelogStream:
         ``with_watermark`` (keep first on event time then waits for the
         watermark).  Keep first needs an insert-only input; keep last over a
         changelog input is ChangelogNormalize on ``key``.  ``fold_batch``:
-        emit only each key's net change per micro-batch (keep last)."""
+        emit only each key's net change per micro-batch (keep last).
+        ``proctime_column`` (processing time only): a column holding the
+        processing time that nothing after this step reads (SQL's hidden
+        ``ORDER BY pt``); it reaches the operator null, as Flink's
+        unmaterialized ``PROCTIME()`` (plan/nodes.py, Deduplicate)."""
         t = self.traits
         if key is None:
             key = t.primary_key
@@ -261,9 +266,13 @@ class ChangelogStream:
                 raise PlanError("deduplicate(keep='last') over a changelog input keeps each key's "
                                 "latest change by sequence (ChangelogNormalize); order_by must be "
                                 "None")
+        if proctime_column is not None and (order_by is not None or proctime_column in key
+                                            or proctime_column not in t.columns):
+            raise ValueError(f"deduplicate: proctime_column={proctime_column!r} must be a non-key "
+                             "column of the stream, with order_by=None (processing time)")
         return self._derive(Deduplicate(self.node, tuple(key), keep, order_by,
                                         generate_update_before, generate_insert, fold_batch,
-                                        state_ttl_ms, key_groups))
+                                        state_ttl_ms, key_groups, proctime_column))
 
     def group_by(self, *keys: Union[str, Sequence[str]]) -> "GroupedStream":
         """``GROUP BY keys``; finish with ``.agg(...)``.  No keys: one global

@@ -24,6 +24,8 @@ import dataclasses
 import weakref
 from typing import Optional
 
+from sqlglot import exp
+
 from ..model import KIND_COL, METRICS_COL, METRICS_KIND, SEQ_COL, ChangelogMode
 from ..model.rowkind import RowKind
 from ..operators.keys import GLOBAL_KEY
@@ -245,6 +247,10 @@ def _deduplicate(node: Deduplicate, inp: Lowered) -> Lowered:
     from ..operators import deduplicate as d
     from ..operators.normalize import ChangelogNormalize
     inp, key = _keyed_input(inp, node.key)
+    packed_source, null_columns = None, ()
+    if node.proctime_column is not None and node.order_by is None:
+        inp, packed_source = _proctime_unread(node, inp)
+        null_columns = (node.proctime_column,)
     schema = operator_schema_of(inp.data_df)
     if node.input.traits.mode is not ChangelogMode.INSERT_ONLY:
         op = ChangelogNormalize(schema, key, state_ttl_ms=node.state_ttl_ms,
@@ -261,7 +267,47 @@ def _deduplicate(node: Deduplicate, inp: Lowered) -> Lowered:
                      generate_insert=node.generate_insert)
         op = (d.ProcTimeKeepLast(schema, key, **flags) if node.order_by is None
               else d.RowTimeKeepLast(schema, key, node.order_by, **flags))
+    if null_columns:
+        out, repack = keyed_step(inp.df, op, key_groups=node.key_groups, packed_source=packed_source,
+                                 null_columns=null_columns)
+        return _without_global_key(inp.then(out, op, packs=(out, repack) if repack is not None else None))
     return _without_global_key(_keyed(inp, inp.df, op, node.key_groups))
+
+
+def _proctime_unread(node: Deduplicate, inp: Lowered) -> tuple[Lowered, Optional[object]]:
+    """The input of a deduplication on processing time with its unread
+    processing-time column null (plan/nodes.py, Deduplicate), and the
+    reader's ``packed_rows`` when every other column is a reader's column as
+    it is (projections of plain references only, down to a source whose rows
+    are the reader's): its line task then packs the rows, the null column
+    added by the packing (docs/runtime.md, "Packing in the line task")."""
+    from pyspark.sql import functions as F
+    col = node.proctime_column
+    df = inp.df.withColumn(col, F.lit(None).cast(inp.df.schema[col].dataType))
+    others = [c for c in inp.df.columns if c not in (col, KIND_COL, SEQ_COL, METRICS_COL)]
+    reader = _reader_with_columns(node.input, others)
+    packed = getattr(reader, "packed_rows", None) if reader is not None else None
+    return dataclasses.replace(inp, df=df), packed
+
+
+def _reader_with_columns(node: Node, columns: list):
+    """The reader whose rows hold ``columns`` of ``node``'s output as they
+    are (same names, through projections that only reference them), or None."""
+    names = {c: c for c in columns}
+    while isinstance(node, Project):
+        items = {it.name: it for it in node.items}
+        for out, c in list(names.items()):
+            it = items.get(c)
+            if it is None or it.column is not None or it.source is None or it.expr is None \
+                    or not isinstance(expressions.split_alias(it.expr)[0], exp.Column):
+                return None
+            names[out] = it.source
+        node = node.input
+    if not isinstance(node, Source) or node.reader is None or lower(node).df is not node.reader.rows:
+        return None
+    if any(out != c or c not in node.traits.columns for out, c in names.items()):
+        return None
+    return node.reader
 
 
 def _keyed_input(inp: Lowered, key: tuple) -> tuple[Lowered, tuple]:

@@ -791,7 +791,16 @@ class Deduplicate(_Unary):
     stay unique: the output rows are a subset of the input's); keep first
     emits inserts only, keep last updates (retract with update-before, else
     upsert).  Keep first on event time waits for the watermark (a note says
-    so); keep last over a changelog input is ChangelogNormalize."""
+    so); keep last over a changelog input is ChangelogNormalize.
+
+    ``proctime_column``: an input column holding processing time that nothing
+    after the operator reads (SQL's ``ORDER BY pt`` column when ``pt`` is not
+    selected).  The operator orders by arrival, never by that value, so the
+    column reaches it null, as Flink's ``PROCTIME()`` indicator is null in its
+    rows until something materializes it: neither state nor output depends on
+    when a row was read, and a reader's line task can pack the rows
+    (docs/runtime.md, "Packing in the line task").  Not in the label: the
+    columns and the state are the same."""
 
     input: Node
     key: Key
@@ -802,6 +811,7 @@ class Deduplicate(_Unary):
     fold_batch: bool = False
     state_ttl_ms: Optional[int] = None
     key_groups: Optional[int] = None
+    proctime_column: Optional[str] = None
 
     @property
     def waits_for_watermark(self) -> bool:

@@ -96,7 +96,7 @@ def apply_keyed(df, operator: KeyedOperator, *, key_groups: Optional[int] = None
 
 def keyed_step(df, operator: KeyedOperator, *, key_groups: Optional[int] = None,
                growth: float = 1.0, max_runs: int = 8, processing_time_ms: Optional[int] = None,
-               packed_source: Optional[Callable] = None) -> tuple:
+               packed_source: Optional[Callable] = None, null_columns: tuple = ()) -> tuple:
     """(:func:`apply_keyed`'s output, how the next keyed operator takes it
     packed or None).  The second is, for an operator running as a
     :class:`KeyGroupProcessor` on a stream, a callable ``(pack, schema) ->
@@ -105,7 +105,9 @@ def keyed_step(df, operator: KeyedOperator, *, key_groups: Optional[int] = None,
     (``pack``: the output rows, an Arrow table of
     :func:`output_schema_with_metrics`, -> (key group, packed rows) pairs),
     the step's output being those pairs, one row each, with the columns of
-    ``schema`` null (the shape of a reader's ``packed_rows``)."""
+    ``schema`` null (the shape of a reader's ``packed_rows``).
+    ``null_columns``: columns of ``df`` that are null in every row, which a
+    ``packed_source`` leaves out (:func:`pack_key_groups`)."""
     if operator.uses_watermark:
         raise ValueError(f"{operator.name} waits for the watermark: run it with "
                          "runtime.spark_event_time.apply_event_time")
@@ -116,7 +118,8 @@ def keyed_step(df, operator: KeyedOperator, *, key_groups: Optional[int] = None,
     if key_groups is None:
         key_groups = session_key_groups(df.sparkSession)
     if df.isStreaming:
-        packed, columns = pack_key_groups(df, operator, key_groups, packed_source=packed_source)
+        packed, columns = pack_key_groups(df, operator, key_groups, packed_source=packed_source,
+                                          null_columns=null_columns)
 
         def step(pack: Optional[Callable] = None, schema=None):
             processor = KeyGroupProcessor(operator, columns, growth, max_runs, time_zone, key_groups, pack)
@@ -129,7 +132,8 @@ def keyed_step(df, operator: KeyedOperator, *, key_groups: Optional[int] = None,
     # the same packed input as streaming: Spark shuffles and groups a few
     # blobs per key group instead of sorting every row (``keygroup.sort_rows``
     # sorts each key group's rows by key and ``_seq`` in the Python step)
-    packed, columns = pack_key_groups(df, operator, key_groups, packed_source=packed_source)
+    packed, columns = pack_key_groups(df, operator, key_groups, packed_source=packed_source,
+                                      null_columns=null_columns)
     now = int(time.time() * 1000) if processing_time_ms is None else processing_time_ms
 
     def run_group(table: pa.Table) -> pa.Table:
@@ -228,19 +232,20 @@ def _pack_table(table: pa.Table, operator: KeyedOperator) -> list[tuple[int, byt
     return list(pack_groups(table.drop_columns([KEY_GROUP_COL]), groups))
 
 
-def _line_packable(df, operator: KeyedOperator) -> bool:
+def _line_packable(df, operator: KeyedOperator, null_columns: tuple = ()) -> bool:
     """Whether a line task can pack ``df``'s rows for ``operator``: Spark's
     key group of its key columns is computed in Python (:mod:`spark_hash`),
     and every column is of a type whose Arrow form is the same in the line
-    task and in Spark's (no time zone, no decimal scale to agree on)."""
+    task and in Spark's (no time zone, no decimal scale to agree on), or
+    null in every row (``null_columns``: no value to agree on)."""
     schema = arrow_schema_of(df)
     simple = all(pa.types.is_boolean(f.type) or pa.types.is_integer(f.type) or pa.types.is_float64(f.type)
-                 or pa.types.is_string(f.type) for f in schema)
+                 or pa.types.is_string(f.type) or f.name in null_columns for f in schema)
     return simple and spark_hash_supports([schema.field(k).type for k in operator.key])
 
 
 def pack_key_groups(df, operator: KeyedOperator, key_groups: int, chunk_rows: int = PACK_CHUNK_ROWS,
-                    packed_source: Optional[Callable] = None):
+                    packed_source: Optional[Callable] = None, null_columns: tuple = ()):
     """The input of the keyed step, streaming and batch: ``df`` packed per
     key group (:mod:`~spark_changelog.runtime.arrow_packing`) in one
     ``mapInArrow`` pass, which first pre-folds when the operator pre-folds
@@ -256,7 +261,9 @@ def pack_key_groups(df, operator: KeyedOperator, key_groups: int, chunk_rows: in
     alone, the reader's ``packed_rows``: its line task then packs the rows it
     finishes itself (:class:`LinePacker`), and this pass only passes those
     packed rows on and packs the others (lines left to Spark, side rows).
-    Every packed table then has the same all-nullable schema.
+    Every packed table then has the same all-nullable schema; the reader's
+    rows need not have ``null_columns`` (columns null in every row of ``df``:
+    the packing adds them, null).
 
     Returns (packed DataFrame: ``_kg``, ``rows``; the names of the packed
     rows' columns)."""
@@ -264,7 +271,7 @@ def pack_key_groups(df, operator: KeyedOperator, key_groups: int, chunk_rows: in
         df = _with_metrics_column(df)
     columns = list(df.columns)
     schema = None
-    if packed_source is not None and _line_packable(df, operator):
+    if packed_source is not None and _line_packable(df, operator, null_columns):
         schema = pa.schema([f.with_nullable(True) for f in arrow_schema_of(df)])
         line_packed = packed_source(LinePacker(operator, key_groups, schema))
         if line_packed is not None:

@@ -177,10 +177,15 @@ def apply_rank(ctx: Context, rel: Relation, where: Optional[exp.Expr], q: exp.Se
         if (end == 1 and not outputs_rank and len(call.order) == 1
                 and (call.proctime or call.order[0][0] == t.time_attribute)):
             column, asc = call.order[0]
+            fields = tuple(f for f in rel.fields if f.column != RANK_MARKER)
+            # a PROCTIME() column that only orders (not selected, so hidden)
+            # is never read again: not materialized, as in Flink
+            unread = call.proctime and column not in {f.column for f in fields} \
+                and column not in call.partition
             stream = stream.deduplicate(list(call.partition),
                                         order_by=None if call.proctime else column,
-                                        keep="first" if asc else "last", state_ttl_ms=ttl, **kw)
-            fields = tuple(f for f in rel.fields if f.column != RANK_MARKER)
+                                        keep="first" if asc else "last", state_ttl_ms=ttl,
+                                        proctime_column=column if unread else None, **kw)
         else:
             rank_column = call.name
             while rank_column in t.columns:

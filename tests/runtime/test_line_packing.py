@@ -208,3 +208,79 @@ def test_any_mix_of_fast_and_slow_lines_gives_the_unpacked_table(spark, tmp_path
         plain, plain_table = _run(spark, str(inp), str(base / "plain"), False, fold)
     assert table == plain_table == sorted((i, v, s) for i, (v, s) in live.items())
     assert (packed.rows_in, packed.changes_out, packed.invalid) == (plain.rows_in, plain.changes_out, plain.invalid)
+
+
+#: keep last on processing time over insert-only JSON lines, two files (one
+#: micro-batch each): id 1 repeats its kept row in the second batch, id 2
+#: changes; a dead letter rides along
+KEEP_LAST_FILES = [
+    ['{"id":1,"g":1,"v":10}', '{"id":2,"g":1,"v":20}', '{"id":1,"g":1,"v":11}'],
+    ['{"id":1,"g":1,"v":11}', "not json", '{"id":2,"g":2,"v":21}'],
+]
+
+
+def _keep_last_script(inp: str, out: str) -> str:
+    return (f"CREATE TABLE s (id BIGINT, g BIGINT, v BIGINT, pt AS PROCTIME()) WITH ("
+            f"'connector' = 'filesystem', 'path' = '{inp}', 'format' = 'json', "
+            f"'changelog.mode' = 'insert-only', 'source.max-files-per-trigger' = '1');\n"
+            f"CREATE TABLE t (id BIGINT, g BIGINT, v BIGINT, PRIMARY KEY (id) NOT ENFORCED) WITH ("
+            f"'connector' = 'delta', 'path' = '{out}');\n"
+            "INSERT INTO t SELECT id, g, v FROM (SELECT id, g, v, ROW_NUMBER() OVER "
+            "(PARTITION BY id ORDER BY pt DESC) AS rn FROM s) WHERE rn = 1;\n")
+
+
+def test_keep_last_on_processing_time_packs_in_the_line_task(spark, tmp_path, monkeypatch):
+    """The PROCTIME() column of ``ORDER BY pt`` is read by nothing after the
+    deduplication, so it is not materialized (null, as Flink's indicator)
+    and the reader's line task packs the rows: the changelog, table and
+    report equal the unpacked run's.  The changelog is Flink's: id 1's row
+    repeated in the second micro-batch equals the kept one and emits
+    nothing (Flink compares rows whose processing-time field is null)."""
+    import glob
+
+    import pyarrow.parquet as pq
+
+    from spark_changelog.sql.runner import run_script
+    from spark_changelog.sql.script import parse_script
+    inp = tmp_path / "in"
+    inp.mkdir()
+    for i, lines in enumerate(KEEP_LAST_FILES):
+        path = str(inp / f"part-{i}.json")
+        with open(path, "w") as fh:
+            fh.write("\n".join(lines) + "\n")
+        set_arrival(path, i)
+    packers = []
+    line_packed = ReadResult.packed_rows
+
+    def recording(self, packer):
+        packers.append(packer)
+        return line_packed(self, packer)
+
+    def run(name):
+        out = str(tmp_path / name)
+        (done,) = run_script(spark, parse_script(_keep_last_script(str(inp), os.path.join(out, "table")), "j.sql"),
+                             batch=False, checkpoint=os.path.join(out, "ck"), dead_letter=os.path.join(out, "dead"),
+                             changelog=os.path.join(out, "changes"), show_progress=False)
+        changes = sorted((int(f.split(os.sep)[-3].split("-")[1]), r["_seq"], "-U+U".find(r["op"]), r["op"],
+                          r["id"], r["g"], r["v"])
+                         for f in glob.glob(os.path.join(out, "changes", "batch-*", "*", "*.parquet"))
+                         for r in pq.read_table(f).to_pylist())
+        table = scan_delta(os.path.join(out, "table")).to_pandas().sort_values("id")
+        return done.report, changes, [tuple(r) for r in table[["id", "g", "v"]].itertuples(index=False)]
+
+    with monkeypatch.context() as m:
+        m.setattr(ReadResult, "packed_rows", recording)
+        packed, packed_changes, table = run("packed")
+    assert packers, "the line task did not pack"
+    with monkeypatch.context() as m:
+        m.setattr(ReadResult, "packed_rows", lambda self, packer: None)
+        plain, plain_changes, plain_table = run("plain")
+    assert table == plain_table == [(1, 1, 11), (2, 2, 21)]
+    # (micro-batch, op) and the row; the first batch's -U/+U of id 1, the
+    # second batch's of id 2 only
+    assert [(b, op, i, g, v) for b, _, _, op, i, g, v in packed_changes] == [
+        (0, "+I", 1, 1, 10), (0, "+I", 2, 1, 20), (0, "-U", 1, 1, 10), (0, "+U", 1, 1, 11),
+        (1, "-U", 2, 1, 20), (1, "+U", 2, 2, 21)]
+    assert packed_changes == plain_changes
+    assert (packed.batches, packed.changes_out, packed.invalid) == \
+        (plain.batches, plain.changes_out, plain.invalid) == (2, 6, 1)
