@@ -204,9 +204,15 @@ def _window_aggregate(node: WindowAggregate) -> Lowered:
     tvf = node.input
     group_keys = node.group_keys
     # windows with a generator of their own (tvf.spec) compute their
-    # watermarks from their rows: the source's watermark rows are not needed
-    if isinstance(tvf.input, WatermarkAssigner) and not tvf.from_source:
+    # watermarks from their rows: the source's watermark rows are not needed;
+    # windows reading the source's watermark directly generate its rows in
+    # their own packing pass (one Arrow pass over the rows instead of two)
+    generate = None
+    if isinstance(tvf.input, WatermarkAssigner):
         inp = lower(tvf.input.input)
+        if tvf.from_source:
+            wm = tvf.input
+            generate = (wm.strategy, wm.source_name, wm.partition)
     else:
         inp = lower(tvf.input)
     if tvf.window.merging:   # sessions merge per key: the operator's key is the group keys
@@ -220,7 +226,7 @@ def _window_aggregate(node: WindowAggregate) -> Lowered:
     op = cls(projected, group_keys, [AggCall(*a) for a in node.aggregates],
              allowed_lateness_ms=node.allowed_lateness_ms, time_column=tvf.column)
     out = apply_event_time(inp.df, op, tvf.spec, assigner=tvf.window, key_groups=node.key_groups,
-                           from_source=tvf.from_source)
+                           from_source=tvf.from_source, generate=generate)
     if node.window_time:
         out = _with_window_time(out, node.traits.columns)
     return _without_global_key(inp.then(out, op))

@@ -27,6 +27,37 @@ from ..model.windows import event_ms_of
 from .keyed_rows import arrow_schema_of, spark_schema
 
 
+def watermark_rows(data: pa.Table, generator: WatermarkGenerator, source: str,
+                   partition: Optional[str], schema: pa.Schema) -> Optional[pa.RecordBatch]:
+    """The watermark rows (``schema``'s columns, null but ``_kind`` and the
+    payload) of one piece: ``data``, a piece's data rows (no side rows), or
+    None when it has none.  ``generator`` keeps its own state across the
+    pieces of a task."""
+    if not data.num_rows:
+        return None
+    progress = generator.on_events(event_ms_of(data.column(generator.column)), data)
+    parts = (data.column(partition).cast(pa.string()) if partition is not None
+             else pa.nulls(data.num_rows, pa.string()))
+    payloads = watermark_payloads(source, summarize(parts, progress), generator)
+    n = len(payloads)
+    cols = []
+    for f in schema:
+        if f.name == KIND_COL:
+            cols.append(pa.array(np.full(n, METRICS_KIND), f.type))
+        elif f.name == METRICS_COL:
+            cols.append(pa.array(payloads, pa.string()))
+        else:
+            cols.append(pa.nulls(n, f.type))
+    return pa.RecordBatch.from_arrays(cols, schema=schema)
+
+
+def data_rows(t: pa.Table) -> pa.Table:
+    """``t`` without its side rows."""
+    kinds = t.column(KIND_COL).to_numpy(zero_copy_only=False)
+    is_data = kinds != METRICS_KIND
+    return t if is_data.all() else t.filter(pa.array(is_data))
+
+
 def _generate(generator: WatermarkGenerator, source: str, partition: Optional[str],
               schema: pa.Schema):
     def fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -34,27 +65,10 @@ def _generate(generator: WatermarkGenerator, source: str, partition: Optional[st
             yield pa.RecordBatch.from_arrays(rb.columns, schema=schema)
             if not rb.num_rows:
                 continue
-            kinds = rb.column(KIND_COL).to_numpy(zero_copy_only=False)
-            data = pa.Table.from_batches([rb])
-            is_data = kinds != METRICS_KIND
-            if not is_data.all():
-                data = data.filter(pa.array(is_data))
-            if not data.num_rows:
-                continue
-            progress = generator.on_events(event_ms_of(data.column(generator.column)), data)
-            parts = (data.column(partition).cast(pa.string()) if partition is not None
-                     else pa.nulls(data.num_rows, pa.string()))
-            payloads = watermark_payloads(source, summarize(parts, progress), generator)
-            n = len(payloads)
-            cols = []
-            for f in schema:
-                if f.name == KIND_COL:
-                    cols.append(pa.array(np.full(n, METRICS_KIND), f.type))
-                elif f.name == METRICS_COL:
-                    cols.append(pa.array(payloads, pa.string()))
-                else:
-                    cols.append(pa.nulls(n, f.type))
-            yield pa.RecordBatch.from_arrays(cols, schema=schema)
+            marks = watermark_rows(data_rows(pa.Table.from_batches([rb])), generator, source,
+                                   partition, schema)
+            if marks is not None:
+                yield marks
 
     return fn
 
@@ -71,4 +85,4 @@ def generate_watermarks(df, generator: WatermarkGenerator, source: str,
     return df.mapInArrow(_generate(generator, source, partition, schema), spark_schema(schema))
 
 
-__all__ = ["generate_watermarks"]
+__all__ = ["data_rows", "generate_watermarks", "watermark_rows"]

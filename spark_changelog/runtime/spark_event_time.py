@@ -46,6 +46,7 @@ from ..model.watermark import NO_WATERMARK
 from ..model.windows import WindowAssigner, assign_windows
 from ..operators.base import KeyedOperator
 from .arrow_packing import PACKED_COL, conform, pack, packed_batch, packed_schema, unpack
+from .source_watermarks import watermark_rows
 from .event_time import batch_progress, run_event_time_batch
 from .state_runs import RunStack, run_schema
 from .keyed_rows import (KEY_GROUP_COL, METRICS_GROUP, arrow_input, arrow_output, operator_schema_of,
@@ -91,7 +92,8 @@ def _watermark_rows(side: pa.Table) -> Optional[pd.DataFrame]:
 
 
 def _project_and_pack(spec: EventTimeSpec, column: str, assigner: Optional[WindowAssigner],
-                      key, key_groups: int, row_schema: pa.Schema, from_source: bool = False):
+                      key, key_groups: int, row_schema: pa.Schema, from_source: bool = False,
+                      generate: Optional[tuple] = None):
     """The ``mapInArrow`` function of step 1 (module docstring): per key
     group, one output row holding all of this Spark partition's rows of the
     group plus the whole partition's progress summary, as one compressed
@@ -99,7 +101,10 @@ def _project_and_pack(spec: EventTimeSpec, column: str, assigner: Optional[Windo
     watermark rows the sources generated, not the rows' own event times;
     they also pass on with the other side rows, so an event-time operator
     downstream (a window over this one's output) waits for the same
-    watermarks, as Flink forwards them."""
+    watermarks, as Flink forwards them.  ``generate``: (generator, source,
+    partition column) of the source's watermark, whose rows this pass
+    generates itself, piece by piece as ``runtime.source_watermarks`` does
+    (the window reads the source's rows with no step in between)."""
 
     def fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         pieces, data_parts, side_parts = [], [], []
@@ -120,8 +125,12 @@ def _project_and_pack(spec: EventTimeSpec, column: str, assigner: Optional[Windo
                 projected = (assign_windows(data, column, assigner) if assigner is not None
                              else data)
                 data_parts.append(conform(projected, row_schema))
-            if side.any():
-                rest = t.filter(pa.array(side))
+            rests = [t.filter(pa.array(side))] if side.any() else []
+            if generate is not None:
+                marks = watermark_rows(data, generate[0], generate[1], generate[2], data.schema)
+                if marks is not None:
+                    rests.append(pa.Table.from_batches([marks]))
+            for rest in rests:
                 if from_source:
                     progress = _watermark_rows(rest)
                     if progress is not None:
@@ -256,12 +265,17 @@ def project_windows(df, column: str, assigner: WindowAssigner):
 
 
 def pack_event_time_input(df, spec: EventTimeSpec, key, key_groups: int,
-                          assigner: Optional[WindowAssigner] = None, from_source: bool = False):
+                          assigner: Optional[WindowAssigner] = None, from_source: bool = False,
+                          generate: Optional[tuple] = None):
     """Step 1 of the module docstring: ``df`` with the batch time and source
     partition added, windows assigned and each key group's rows plus the
-    progress summary packed (:func:`_project_and_pack`).  Returns (packed
+    progress summary packed (:func:`_project_and_pack`; ``generate``: the
+    source's watermark rows are generated there too).  Returns (packed
     DataFrame: ``_kg``, ``rows``; the names of the packed rows' columns)."""
     from pyspark.sql import functions as F
+    if generate is not None and METRICS_COL not in df.columns:
+        # the column the watermark rows travel in, as runtime.source_watermarks adds it
+        df = df.withColumn(METRICS_COL, F.lit(None).cast("string"))
     # in a streaming query current_timestamp() is the batch's timestamp, kept
     # in the offset log: a replayed batch sees the same processing time
     src = df.withColumn(NOW_COL, F.current_timestamp())
@@ -278,10 +292,13 @@ def pack_event_time_input(df, spec: EventTimeSpec, key, key_groups: int,
         pos = [f.name for f in fields].index(KIND_COL)
         fields[pos:pos] = [pa.field("window_start", ts), pa.field("window_end", ts)]
     row_schema = pa.schema(fields)
+    if generate is not None:
+        # side rows hold nulls in every data column (the watermark pass's schema)
+        row_schema = pa.schema([f.with_nullable(True) for f in row_schema])
     # the packed rows' columns (the processor drops the helpers)
     columns = [f.name for f in row_schema]
     packed = src.mapInArrow(_project_and_pack(spec, spec.column, assigner, key,
-                                              key_groups, row_schema, from_source),
+                                              key_groups, row_schema, from_source, generate),
                             spark_schema(packed_schema(KEY_GROUP_COL)))
     return packed, columns
 
@@ -289,14 +306,19 @@ def pack_event_time_input(df, spec: EventTimeSpec, key, key_groups: int,
 def apply_event_time(df, operator: KeyedOperator, spec: EventTimeSpec, *,
                      assigner: Optional[WindowAssigner] = None,
                      key_groups: Optional[int] = None, growth: float = 1.0,
-                     max_runs: int = 8, from_source: bool = False):
+                     max_runs: int = 8, from_source: bool = False,
+                     generate: Optional[tuple] = None):
     """The event-time operator's output (plus metric rows) as a DataFrame:
     the window projection (``assigner`` on ``spec.column``) and the operator,
     streaming with our own watermarks, or batch with the end of input.
     ``from_source``: the watermarks are the sources' watermark rows
     (``runtime.source_watermarks``), folded by ``spec`` (a
     ``SourceWatermarks`` generator); else ``spec`` generates them from the
-    operator's input rows.
+    operator's input rows.  ``generate`` (with ``from_source``): ``df`` is
+    the source's rows without their watermark rows, which the packing pass
+    generates ((generator, source name, partition column), as
+    ``source_watermarks.generate_watermarks`` takes them): one Arrow pass
+    over the rows instead of two.
 
     ``key_groups`` (default :data:`EVENT_TIME_KEY_GROUPS`) is fixed for the
     life of a checkpoint.  Rows cross to the Python step packed per key
@@ -305,7 +327,7 @@ def apply_event_time(df, operator: KeyedOperator, spec: EventTimeSpec, *,
     if key_groups is None:
         key_groups = EVENT_TIME_KEY_GROUPS
     packed, columns = pack_event_time_input(df, spec, operator.key, key_groups, assigner,
-                                            from_source)
+                                            from_source, generate)
     out_schema = spark_schema(output_schema_with_metrics(operator))
     time_zone = df.sparkSession.conf.get("spark.sql.session.timeZone")
     grouped = packed.groupBy(KEY_GROUP_COL)
