@@ -14,10 +14,12 @@ and the server forks a child that runs the module on it:
 
 * **One server per driver JVM** (and interpreter): an abstract Unix socket
   named by the user id, the JVM's process id and start time and the
-  interpreter (:func:`address`).  The first launcher that finds none starts
-  one (:func:`start`) and runs its module itself, as before; so does every
-  launcher while the server is still importing, or whenever a hand-over is
-  not acknowledged: nothing has touched the JVM's connection then.
+  interpreter (:func:`address`).  A local streaming run starts it before its
+  query (:func:`prestart`); otherwise the first launcher that finds none
+  starts one (:func:`start`) and runs its module itself, as before; so does
+  every launcher while the server is still importing, or whenever a
+  hand-over is not acknowledged: nothing has touched the JVM's connection
+  then.
 * **It dies with the JVM**: it waits on a pidfd of the JVM beside its
   socket and exits when the JVM does (a pidfd names the process, not a
   reusable id).  It serves only processes of its own user (the socket's
@@ -32,8 +34,17 @@ and the server forks a child that runs the module on it:
 * **Spark's 10 s wait for the connect-back is not involved**: the launcher
   connects back first, with the standard library only; the hand-over
   happens after it.
-* **No thread runs at fork()**: the server is single-threaded, and its
-  modules (PySpark's driver worker, the processor's module) start none.
+* **The executors' worker daemon too** (a local master's executors share
+  the driver's JVM and launcher): Spark starts one or two per query's first
+  micro-batch, each importing pandas, pyarrow and PySpark's worker (0.4 CPU
+  s, :func:`.worker_daemon.preload`) while the stage waits for it.  The
+  server imports those modules too, one at a time while no request waits,
+  and hands a daemon request the launcher's stdin, stdout and stderr
+  (Spark reads the daemon's port from its stdout and asks it to kill
+  workers, or to end, through its stdin).
+* **No thread of its own at fork()**: the server is single-threaded;
+  pyarrow's allocator starts a background thread, which it makes fork-safe
+  itself, as the worker daemon already relies on.
 """
 from __future__ import annotations
 
@@ -47,10 +58,15 @@ import socket
 import struct
 import sys
 
-#: the modules the server runs in its children
-SERVED = frozenset({"pyspark.sql.streaming.transform_with_state_driver_worker"})
-#: imported before the server listens: the served module and the module of
-#: the processors its children unpickle (imports PySpark's streaming API only)
+#: the modules the server runs in its children -> how: ``connection``, the
+#: module's ``main(sock_file, sock_file)`` on the launcher's connection to
+#: the JVM (the pre-init); ``daemon``, the module's ``main()`` with the
+#: launcher's stdin, stdout and stderr (the executors' Python worker daemon
+#: of a local master, :mod:`.worker_daemon`: Spark talks to it through those)
+SERVED = {"pyspark.sql.streaming.transform_with_state_driver_worker": "connection",
+          "spark_changelog.runtime.worker_daemon": "daemon"}
+#: imported before the server listens: the served modules and the module of
+#: the processors the pre-init unpickles (they import PySpark only)
 PRELOADED = tuple(sorted(SERVED)) + ("spark_changelog.runtime.key_group_processor",)
 #: how long the server waits for a launcher's request, and a launcher for
 #: the server's acknowledgement (a busy machine's scheduling; then the
@@ -115,11 +131,13 @@ def prestart(spark) -> None:
         _STARTED[jvm_pid] = start(jvm_pid, sys.path)
 
 
-def hand_over(module: str, sock: socket.socket, path: list) -> int | None:
-    """Run ``module`` on the JVM connection ``sock`` in a child of the
-    driver's server -> the child's exit status; None when no server took it
-    over (the caller runs the module itself; the connection is untouched).
-    The first launcher without a server starts one."""
+def hand_over(module: str, sock: socket.socket | None, path: list) -> int | None:
+    """Run ``module`` in a child of the driver's server, on the JVM
+    connection ``sock`` (a ``connection`` module) or on this process's
+    stdin, stdout and stderr (a ``daemon``) -> the child's exit status; None
+    when no server took it over (the caller runs the module itself; the
+    connection is untouched).  The first pre-init launcher without a server
+    starts one."""
     if module not in SERVED or not enabled():
         return None
     jvm_pid = os.getppid()
@@ -132,14 +150,19 @@ def hand_over(module: str, sock: socket.socket, path: list) -> int | None:
         conn.connect(name)
     except OSError:
         conn.close()
-        start(jvm_pid, path)
+        if SERVED[module] == "connection":
+            # a daemon does not start one: a batch run starts a daemon or
+            # two and no pre-init, and would pay the server's imports for
+            # nothing
+            start(jvm_pid, path)
         return None
     with conn:
         request = json.dumps({"module": module, "path": path, "env": dict(os.environ), "cwd": os.getcwd(),
-                              "timeout": sock.gettimeout()}).encode()
+                              "argv": sys.argv, "timeout": None if sock is None else sock.gettimeout()}).encode()
         message = _HEADER.pack(len(request)) + request
+        fds = [0, 1, 2] if SERVED[module] == "daemon" else [sock.fileno(), 1, 2]
         try:
-            sent = socket.send_fds(conn, [message], [sock.fileno(), 1, 2])
+            sent = socket.send_fds(conn, [message], fds)
             conn.sendall(message[sent:])
             ack = _recv_exactly(conn, 1 + _INT.size)
         except OSError:
@@ -206,10 +229,18 @@ def serve(jvm_pid: int) -> None:
         importlib.import_module(module)
     listener.listen(16)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)     # the kernel reaps the children
+    # the worker daemon's own imports (pandas, pyarrow, ...: 0.4 CPU s) one
+    # at a time while no request waits, so a daemon forked later has them;
+    # one forked earlier imports what is missing itself
+    from .worker_daemon import PRELOADED as DAEMON_MODULES, preload
+    pending = list(DAEMON_MODULES)
     while True:
-        ready, _, _ = select.select([listener, pidfd], [], [])
+        ready, _, _ = select.select([listener, pidfd], [], [], 0 if pending else None)
         if pidfd in ready:
             return
+        if not ready:
+            preload((pending.pop(0),))
+            continue
         try:
             conn, _ = listener.accept()
         except OSError:
@@ -252,30 +283,44 @@ def _child(conn: socket.socket, fds: list, request: dict, listener: socket.socke
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         listener.close()
         os.close(pidfd)
-        sock_fd, out_fd, err_fd = fds
+        first_fd, out_fd, err_fd = fds
+        daemon = SERVED[request["module"]] == "daemon"
+        if daemon:
+            os.dup2(first_fd, 0)
         os.dup2(out_fd, 1)
         os.dup2(err_fd, 2)
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
         sys.path[:] = request["path"]
+        sys.argv[:] = request.get("argv") or [sys.argv[0]]
         sys.path_importer_cache.clear()
         importlib.invalidate_caches()
         conn.settimeout(None)
         conn.sendall(b"F" + _INT.pack(os.getpid()))
         if _recv_exactly(conn, 1) != b"G":
             return      # the launcher gave up waiting and runs the module itself
-        sock = socket.socket(fileno=os.dup(sock_fd))
-        sock.settimeout(request["timeout"])
-        sock_file = sock.makefile("rwb", int(os.environ.get("SPARK_BUFFER_SIZE", 65536)))
-        try:
-            importlib.import_module(request["module"]).main(sock_file, sock_file)
-            code = 0
-        finally:
-            sock_file.close()
-            sock.close()
-            sys.stdout.flush()
-            sys.stderr.flush()
+        if daemon:
+            try:
+                importlib.import_module(request["module"]).main()
+                code = 0
+            except SystemExit as stop:      # PySpark's daemon ends with sys.exit(code)
+                code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+        else:
+            sock = socket.socket(fileno=os.dup(first_fd))
+            sock.settimeout(request["timeout"])
+            sock_file = sock.makefile("rwb", int(os.environ.get("SPARK_BUFFER_SIZE", 65536)))
+            try:
+                importlib.import_module(request["module"]).main(sock_file, sock_file)
+                code = 0
+            finally:
+                sock_file.close()
+                sock.close()
+                sys.stdout.flush()
+                sys.stderr.flush()
         conn.sendall(_INT.pack(code))
     except BaseException:       # noqa: BLE001 - reported on the launcher's stderr, as its own failure would be
         import traceback

@@ -31,7 +31,8 @@ connected, Spark waits minutes for the process's first answer.  The
 stateful operators' pre-init module does not even import: the launcher
 hands the connection to the driver's fork server, which has it imported,
 and waits for the forked child (:mod:`.driver_worker_forks`); without a
-server it runs the module itself.
+server it runs the module itself.  So does the executors' worker daemon
+when the driver has such a server (a local streaming run starts one).
 ``spark-changelog-python`` (a console script, :func:`console_main`) is this
 launcher for a Spark Connect server's ``PYSPARK_PYTHON`` (docs/deploy.md,
 "Starting a streaming query").
@@ -153,6 +154,10 @@ def main(argv: list) -> None:
             sock_file.close()
         return
     sys.argv = [argv[0]] + list(argv[3:])
+    from .driver_worker_forks import hand_over
+    status = hand_over(module, None, sys.path)
+    if status is not None:
+        sys.exit(status)
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 
 

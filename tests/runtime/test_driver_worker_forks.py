@@ -16,19 +16,23 @@ from spark_changelog.demo import generate_debezium
 from spark_changelog.runtime.driver_worker_forks import address
 
 PRE_INIT = "pyspark.sql.streaming.transform_with_state_driver_worker"
+DAEMON = "spark_changelog.runtime.worker_daemon"
 SERVER = [sys.executable, "-m", "spark_changelog.runtime.driver_worker_forks"]
 
-#: records, for every process that runs the pre-init module's ``main``, its
-#: pid, its parent's pid and its parent's command line
+#: records, for every process that runs the ``main`` of the pre-init module
+#: or of the worker daemon, the module, its pid, its parent's pid and its
+#: parent's command line
 RECORDER = """
 import importlib.abc, importlib.machinery, os, sys
 class Recorder(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
-        if name != {name!r}:
+        if name not in {names!r}:
             return None
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         inner = spec.loader
         class Loader(importlib.abc.Loader):
+            def __getattr__(self, attr):        # get_code etc.: runpy's
+                return getattr(inner, attr)
             def create_module(self, spec):
                 return inner.create_module(spec)
             def exec_module(self, module):
@@ -38,7 +42,7 @@ class Recorder(importlib.abc.MetaPathFinder):
                     with open('/proc/%d/cmdline' % os.getppid(), 'rb') as fh:
                         parent = fh.read().replace(b'\\0', b' ').decode()
                     with open({record!r}, 'a') as fh:
-                        fh.write('%d %d %s\\n' % (os.getpid(), os.getppid(), parent))
+                        fh.write('%s %d %d %s\\n' % (name, os.getpid(), os.getppid(), parent))
                     return main(*args)
                 module.main = recorded
         spec.loader = Loader()
@@ -65,27 +69,30 @@ def _wait(predicate, seconds: float = 30.0) -> bool:
 
 
 def test_a_querys_pre_init_process_is_a_child_of_the_server_which_ends_with_the_driver(tmp_path):
-    """A streaming run from the CLI: the stateful operator's pre-init runs
-    in a child of the driver's fork server (started before the query), with
-    the launcher's output; the table is exact; the server ends with the
-    driver's JVM."""
+    """A streaming run from the CLI: the stateful operator's pre-init and
+    the executors' worker daemons run in children of the driver's fork
+    server (started before the query), with the launcher's output (and a
+    daemon's input); the table is exact; the server ends with the driver's
+    JVM."""
     hooks = tmp_path / "hooks"
     hooks.mkdir()
     record = tmp_path / "pre-init.txt"
-    (hooks / "sitecustomize.py").write_text(RECORDER.format(name=PRE_INIT, record=str(record)))
+    (hooks / "sitecustomize.py").write_text(RECORDER.format(names=(PRE_INIT, DAEMON), record=str(record)))
     expected = generate_debezium(str(tmp_path / "in"), 300, 40, files=1, bad_lines=0)
     log = tmp_path / "spark.log"
     r = cl.run_cli(cl.normalize_args(tmp_path / "in", tmp_path, changelog=False),
                    env={"PYTHONPATH": str(hooks), "SPARK_CHANGELOG_LOG": str(log)})
     assert r.returncode == 0, r.stderr + r.stdout
     cl.assert_table(tmp_path / "table", expected)
-    runs = [line.split(" ", 2) for line in record.read_text().splitlines()]
-    assert len(runs) == 1
-    _, server, parent = runs[0]
-    assert "spark_changelog.runtime.driver_worker_forks" in parent
+    runs = [line.split(" ", 3) for line in record.read_text().splitlines()]
+    modules = [module for module, *_ in runs]
+    assert modules.count(PRE_INIT) == 1 and modules.count(DAEMON) >= 1, modules
+    assert all("spark_changelog.runtime.driver_worker_forks" in parent for *_, parent in runs)
+    server = {ppid for _, _, ppid, _ in runs}.pop()
+    assert {ppid for _, _, ppid, _ in runs} == {server}
     # the child's stdout went to the launcher's, which Spark logs
     assert "Starting Streaming TransformWithStateInPandas Python worker" in log.read_text(errors="replace")
-    assert _wait(lambda: _gone(int(server)), 10)
+    assert _wait(lambda: all(_gone(int(pid)) for pid in [server] + [pid for _, pid, _, _ in runs]), 10)
 
 
 def _request(name: str, module: str) -> bytes:
@@ -94,7 +101,7 @@ def _request(name: str, module: str) -> bytes:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         conn.settimeout(10)
         conn.connect(name)
-        body = json.dumps({"module": module, "path": sys.path, "env": {}, "cwd": "/", "timeout": None}).encode()
+        body = json.dumps({"module": module, "path": sys.path, "env": {}, "cwd": "/", "argv": ["x"], "timeout": None}).encode()
         socket.send_fds(conn, [struct.pack("!I", len(body)) + body], [1, 1, 2])
         return conn.recv(16)
 
