@@ -89,15 +89,17 @@ def address(jvm_pid: int) -> str | None:
 
 
 def start(jvm_pid: int, path: list):
-    """Start the server for ``jvm_pid`` in its own session (it outlives the
-    launcher; it ends with the JVM), importing from ``path`` -> its process,
-    or None (then every launcher runs its module itself)."""
+    """Start the server for ``jvm_pid`` (it outlives a launcher that starts
+    it; it ends with the JVM), importing from ``path`` -> its process, or
+    None (then every launcher runs its module itself).  It stays in the
+    caller's session and process group, as the processes it forks were
+    before: the same terminal signals and the same CPU scheduling group."""
     import subprocess
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in path if p))
     try:
         return subprocess.Popen([sys.executable, "-m", __name__, str(jvm_pid)], env=env,
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, close_fds=True, start_new_session=True)
+                                stderr=subprocess.DEVNULL, close_fds=True)
     except OSError:
         return None
 
