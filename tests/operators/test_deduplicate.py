@@ -125,6 +125,24 @@ def test_keep_last_without_update_before_and_insert_emits_only_update_after():
     assert to_rows(out, ["k", "v"]) == [["+U", [1, 10]], ["+U", [1, 11]]]
 
 
+def test_keep_last_repeat_of_the_kept_row_emits_nothing_as_flink_rocksdb():
+    """Flink 2.3, ``ROW_NUMBER() OVER (PARTITION BY id ORDER BY pt DESC) = 1``
+    with ``pt AS PROCTIME()`` (null in its rows), RocksDB state backend, over
+    the rows below in one stream: ``+I(1,1,1) -U(1,1,1) +U(1,2,1)``; a repeat
+    equal to the kept row emits nothing, in its own micro-batch too
+    (docs/sql.md, "ROW_NUMBER")."""
+    schema = schema_of(["id", "g", "v"], [pa.int64(), pa.int64(), pa.int64()])
+    rows = [["+I", [1, 1, 1]], ["+I", [1, 1, 1]], ["+I", [1, 2, 1]], ["+I", [1, 2, 1]]]
+    flink = [["+I", [1, 1, 1]], ["-U", [1, 1, 1]], ["+U", [1, 2, 1]]]
+    out = LocalRunner(ProcTimeKeepLast(schema, ["id"])).run_batch(to_frame(rows, ["id", "g", "v"]),
+                                                                  processing_time_ms=0)
+    assert to_rows(out, ["id", "g", "v"]) == flink
+    r = LocalRunner(ProcTimeKeepLast(schema, ["id"]))
+    per_batch = [to_rows(r.run_batch(to_frame([[row[0], row[1], i]], ["id", "g", "v"]), processing_time_ms=i),
+                         ["id", "g", "v"]) for i, row in enumerate(rows, start=1)]
+    assert [c for batch in per_batch for c in batch] == flink
+
+
 # -- property tests against the row-at-a-time reference -------------------------------
 COLS = ["k", "v", "t"]
 SCHEMA = schema_of(COLS, [pa.int64(), pa.int64(), pa.int64()])
