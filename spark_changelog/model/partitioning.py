@@ -8,6 +8,10 @@ we repartition by ids chosen to hash where we want them.
 """
 from __future__ import annotations
 
+import functools
+
+import numpy as np
+
 #: the fewest key groups a keyed operator gets by default: a Python call per
 #: key group and micro-batch costs a few state round trips, so more groups
 #: than tasks cost CPU on a laptop (docs/runtime.md, "Why key groups")
@@ -21,14 +25,18 @@ LEGACY_KEY_GROUPS = 32
 
 def default_key_groups(state_partitions: int) -> int:
     """A keyed operator's key-group count when neither the script nor its
-    checkpoint sets one: Flink's rule for a default max parallelism
-    (``1.5 x`` the parallelism rounded up to a power of two), over the
-    stateful stage's parallelism, the state partitions
-    (``spark.sql.shuffle.partitions``), between :data:`MIN_KEY_GROUPS` and
-    :data:`MAX_KEY_GROUPS`.  The count never caps the stage: 2 partitions
-    (``local[2]``) give 32, 200 or 256 give 512."""
-    want = max(1, state_partitions + (state_partitions + 1) // 2)
-    return min(max(1 << (want - 1).bit_length(), MIN_KEY_GROUPS), MAX_KEY_GROUPS)
+    checkpoint sets one: at least ``1.5 x`` the stateful stage's parallelism,
+    the state partitions (``spark.sql.shuffle.partitions``), as Flink's
+    default max parallelism is, and at least :data:`MIN_KEY_GROUPS`,
+    rounded up to a multiple of the partitions (Flink rounds to a power of
+    two): with the spread ids (:func:`spread_group_ids`) every partition
+    then gets the same number of key groups, whatever the count of
+    partitions.  At most :data:`MAX_KEY_GROUPS`.  The count never caps the
+    stage: 2 partitions (``local[2]``) or 4 give 32, 200 give 400, 256 give
+    512 (docs/runtime.md, "Why key groups")."""
+    n = max(1, state_partitions)
+    want = max(n + (n + 1) // 2, MIN_KEY_GROUPS)
+    return min(-(-want // n) * n, MAX_KEY_GROUPS)
 
 
 def murmur3_int(value: int, seed: int = 42) -> int:
@@ -49,22 +57,65 @@ def murmur3_int(value: int, seed: int = 42) -> int:
     return h - (1 << 32) if h >= 1 << 31 else h
 
 
+def _murmur3_ints(values: np.ndarray, seed: int = 42) -> np.ndarray:
+    """:func:`murmur3_int` of each value of an int array (as int64)."""
+    def rotl(x, r):
+        return (x << np.uint32(r)) | (x >> np.uint32(32 - r))
+    k = rotl(values.astype(np.int32).view(np.uint32) * np.uint32(0xCC9E2D51), 15) * np.uint32(0x1B873593)
+    h = rotl(np.uint32(seed) ^ k, 13) * np.uint32(5) + np.uint32(0xE6546B64)
+    h ^= np.uint32(4)
+    h ^= h >> np.uint32(16)
+    h *= np.uint32(0x85EBCA6B)
+    h ^= h >> np.uint32(13)
+    h *= np.uint32(0xC2B2AE35)
+    h ^= h >> np.uint32(16)
+    return h.view(np.int32).astype(np.int64)
+
+
+@functools.lru_cache(maxsize=64)
+def _spread_ids(key_groups: int) -> tuple:
+    ids = np.full(key_groups, -1, dtype=np.int64)
+    start, step = 0, max(4 * key_groups, 1024)
+    while (ids < 0).any():
+        candidates = np.arange(start, start + step, dtype=np.int64)
+        groups = np.mod(_murmur3_ints(candidates), key_groups)
+        # the first (smallest) candidate of each group not found yet
+        found, first = np.unique(groups, return_index=True)
+        todo = ids[found] < 0
+        ids[found[todo]] = candidates[first[todo]]
+        start += step
+    return tuple(int(i) for i in ids)
+
+
 def spread_group_ids(key_groups: int) -> list:
     """For each target ``g`` in ``0 .. key_groups - 1`` the smallest
     non-negative int whose ``pmod(hash(id), key_groups)`` is ``g``: a value
     that Spark's hash partitioner (``repartition(n, col)``) puts on partition
-    ``g`` when ``n`` is ``key_groups`` (the window operator's key-group ids,
-    the line reader's range placement).  With
+    ``g`` when ``n`` is ``key_groups`` (the keyed and window operators'
+    key-group ids, the line reader's range placement).  With
     ``0 .. key_groups - 1`` Spark's hash partitioner put key groups 0 and 1
-    in the same one of two shuffle partitions (one core did all the work);
-    with these ids every shuffle partition count dividing ``key_groups``
-    gets the same number of groups.  The ids depend on ``key_groups`` only,
-    so a restart finds each group's state under the same id."""
-    ids = [None] * key_groups
-    i = 0
-    while any(x is None for x in ids):
-        g = murmur3_int(i) % key_groups
-        if ids[g] is None:
-            ids[g] = i
-        i += 1
-    return ids
+    in the same one of two shuffle partitions (one core did all the work),
+    and 32 groups 20/12 over two; with these ids every shuffle partition
+    count dividing ``key_groups`` gets the same number of groups.  The ids
+    depend on ``key_groups`` only, so a restart finds each group's state
+    under the same id."""
+    return list(_spread_ids(key_groups))
+
+
+#: how a keyed operator's key-group index ``pmod(hash(key), G)`` maps to the
+#: value of its grouping column, the id its state is stored under
+#: (docs/runtime.md, "Key groups over the state partitions"); recorded in a checkpoint's
+#: ``plan-fingerprint.json`` as ``key_group_ids``
+SPREAD_IDS = "spread"       # :func:`spread_group_ids`: even over the state partitions
+PLAIN_IDS = "plain"         # the index itself: checkpoints written before the layout was recorded
+KEY_GROUP_ID_LAYOUTS = (SPREAD_IDS, PLAIN_IDS)
+
+
+def key_group_ids(key_groups: int, layout: str) -> list:
+    """The id of each key-group index ``0 .. key_groups - 1`` under
+    ``layout`` (:data:`SPREAD_IDS` or :data:`PLAIN_IDS`)."""
+    if layout == SPREAD_IDS:
+        return spread_group_ids(key_groups)
+    if layout == PLAIN_IDS:
+        return list(range(key_groups))
+    raise ValueError(f"unknown key-group id layout {layout!r} (one of {', '.join(KEY_GROUP_ID_LAYOUTS)})")

@@ -11,10 +11,12 @@ from __future__ import annotations
 import warnings as _warnings
 from typing import Optional
 
+from ..model.partitioning import SPREAD_IDS
 from ..runtime.keyed_rows import arrow_schema_of
-from ..runtime.spark_keyed import session_key_groups
+from ..runtime.spark_keyed import key_group_id_layout, session_key_groups
 from .explain import explain_plan
-from .fingerprint import check_checkpoint, checkpoint_key_groups, is_streaming, with_key_groups
+from .fingerprint import (check_checkpoint, checkpoint_key_group_ids, checkpoint_key_groups, is_streaming,
+                          with_key_groups)
 from .lower import lower
 from .nodes import Sink, source_leaves
 from .rules import plan_warnings, sink_keys_emitted_once
@@ -36,6 +38,7 @@ def run_sink(sink: Sink, table, *, checkpoint: Optional[str] = None,
     from ..runtime.pipeline import run_to_sink
     from ..runtime.keyed_rows import operator_instance
     warns = plan_warnings(sink)
+    layout = SPREAD_IDS
     if checkpoint is not None and is_streaming(sink):
         from pyspark.sql import SparkSession
         # active() falls back to the default session: a query started from
@@ -47,9 +50,13 @@ def run_sink(sink: Sink, table, *, checkpoint: Optional[str] = None,
         # keyed operators run with the key-group count their state was
         # written with (docs/runtime.md, "Key groups and rescaling")
         sink = with_key_groups(sink, checkpoint_key_groups(checkpoint, fresh))
+        # and with the layout of their ids (a checkpoint written before it was
+        # recorded: the plain ids)
+        layout = checkpoint_key_group_ids(checkpoint)
     for w in warns:
         _warnings.warn(w, PlanWarning, stacklevel=warn_stacklevel)
-    low = lower(sink)
+    with key_group_id_layout(layout):
+        low = lower(sink)
     report = run_to_sink(low.df, table, key=sink.key, schema=arrow_schema_of(low.data_df),
                          checkpoint=checkpoint, changelog_path=changelog_path,
                          changelog_format=changelog_format, dead_letter=dead_letter,

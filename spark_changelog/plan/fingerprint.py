@@ -14,7 +14,8 @@ in the table.  So the checkpoint directory keeps ``plan-fingerprint.json``:
      "full": sha256 of the whole plan (every node's label and columns),
      "stateful": the state-bearing nodes, one line each, for messages,
      "plan": the plan as lines (every node), for messages,
-     "key_groups": the key-group count of keyed operators that set none}
+     "key_groups": the key-group count of keyed operators that set none,
+     "key_group_ids": how their key groups' ids are laid out}
 
 The key-group count is part of the state's layout (docs/runtime.md, "Key
 groups and rescaling"): a new checkpoint records the default for its state
@@ -24,7 +25,14 @@ the count its checkpoint recorded (:func:`with_key_groups`).  An operator
 that sets the recorded count explicitly has the same state as one that sets
 none, so the comparison leaves ``key groups=<recorded>`` out of the lines of
 keyed operators.  ``spark-changelog rescale`` rewrites the state to another
-count and records it here.
+count and records it here.  ``key_group_ids`` is the other half of the
+layout: ``"spread"`` (``model.partitioning.SPREAD_IDS``: a key group's index
+``pmod(hash(key), G)`` is stored under an id Spark's hash partitioner spreads
+evenly over the state partitions), recorded by every new checkpoint; a
+checkpoint with progress and without the field was written with the index
+itself as the id (``PLAIN_IDS``) and resumes so
+(:func:`checkpoint_key_group_ids`).  ``spark-changelog rescale`` writes the
+state it regroups with the spread ids and records them.
 
 On a restart the fingerprint of the script's plan is compared with the file:
 the same ``state`` and ``full``: go on; the same ``state`` but another
@@ -46,7 +54,7 @@ import re
 from typing import Optional
 
 from ..model.errors import CheckpointMismatch
-from ..model.partitioning import LEGACY_KEY_GROUPS
+from ..model.partitioning import LEGACY_KEY_GROUPS, PLAIN_IDS, SPREAD_IDS
 from .nodes import Filter, Node, Normalize, Project, Sink, Source, WatermarkAssigner, WindowAggregate
 
 FILE_NAME = "plan-fingerprint.json"
@@ -85,9 +93,11 @@ def _line(node: Node, depth: int) -> str:
     return f"{'  ' * depth}{_label(node)} columns={list(node.traits.columns)}"
 
 
-def plan_fingerprint(node: Node, key_groups: Optional[int] = None) -> dict:
+def plan_fingerprint(node: Node, key_groups: Optional[int] = None,
+                     key_group_ids: str = SPREAD_IDS) -> dict:
     """The fingerprint of a planned sink (see the module docstring);
-    ``key_groups``: the count of keyed operators that set none."""
+    ``key_groups``: the count of keyed operators that set none;
+    ``key_group_ids``: their ids' layout."""
     plan, stateful = [], []
     for n, depth in _walk(node):
         plan.append(_line(n, depth))
@@ -105,7 +115,8 @@ def plan_fingerprint(node: Node, key_groups: Optional[int] = None) -> dict:
             "full": _sha("\n".join(plan)),
             "stateful": stateful,
             "plan": plan,
-            "key_groups": key_groups}
+            "key_groups": key_groups,
+            "key_group_ids": key_group_ids}
 
 
 def _own_count(line: str) -> bool:
@@ -152,16 +163,28 @@ def checkpoint_key_groups(checkpoint: str, fresh: int) -> int:
     return int(old.get("key_groups", LEGACY_KEY_GROUPS))
 
 
+def checkpoint_key_group_ids(checkpoint: str) -> str:
+    """The key-group id layout of the keyed operators of a query run with
+    ``checkpoint``: the layout it recorded, :data:`PLAIN_IDS` for one with
+    progress written before layouts were recorded (with or without a
+    fingerprint), :data:`SPREAD_IDS` for a checkpoint without progress."""
+    if not _has_progress(checkpoint):
+        return SPREAD_IDS
+    old = read_fingerprint(checkpoint)
+    return PLAIN_IDS if old is None else old.get("key_group_ids", PLAIN_IDS)
+
+
 def rescale_fingerprint(directory: str, key_groups: int) -> None:
     """The fingerprint in ``directory`` after ``spark-changelog rescale``: the
     keyed operators run with ``key_groups`` (their lines lose an explicit
-    count, event-time operators keep theirs: the rescale leaves their state)."""
+    count, event-time operators keep theirs: the rescale leaves their state),
+    under the spread ids (the rescale writes their state so)."""
     old = read_fingerprint(directory)
     if old is None:
         return
     lines = [s if _own_count(s) else re.sub(r" key groups=\d+$", "", s) for s in old.get("stateful", [])]
     write_fingerprint(directory, {**old, "stateful": lines, "state": _sha("\n".join(lines)),
-                                  "key_groups": key_groups})
+                                  "key_groups": key_groups, "key_group_ids": SPREAD_IDS})
 
 
 def with_key_groups(node: Node, key_groups: int) -> Node:
@@ -235,13 +258,13 @@ def check_checkpoint(checkpoint: str, node: Node, fresh_key_groups: int) -> Opti
     nothing changed; raises :class:`CheckpointMismatch` when it breaks state.
     ``fresh_key_groups``: the count a new checkpoint records."""
     groups = checkpoint_key_groups(checkpoint, fresh_key_groups)
-    new = plan_fingerprint(node, groups)
+    new = plan_fingerprint(node, groups, checkpoint_key_group_ids(checkpoint))
     old = read_fingerprint(checkpoint)
     if old is None or not _has_progress(checkpoint):
         write_fingerprint(checkpoint, new)
         return None
     if old.get("state") == new["state"] and old.get("full") == new["full"] \
-            and old.get("key_groups") == groups:
+            and old.get("key_groups") == groups and old.get("key_group_ids") == new["key_group_ids"]:
         return None
     where = os.path.join(checkpoint, FILE_NAME)
     same_state = (_state_lines(old.get("stateful", []), groups)
@@ -276,7 +299,7 @@ def check_checkpoint(checkpoint: str, node: Node, fresh_key_groups: int) -> Opti
     added = [_short(s) for s in new["plan"] if s not in old.get("plan", [])]
     write_fingerprint(checkpoint, new)
     if old.get("full") == new["full"]:
-        return None     # only how the key-group count is written changed
+        return None     # only how the key-group layout is written changed
     change = "; ".join([f"was {s}" for s in removed] + [f"now {s}" for s in added])
     return ("the query changed since this checkpoint was written (" + change + "): the state "
             "is kept and only input not yet read goes through the new query; rows already "
@@ -285,4 +308,4 @@ def check_checkpoint(checkpoint: str, node: Node, fresh_key_groups: int) -> Opti
 
 
 __all__ = ["plan_fingerprint", "read_fingerprint", "write_fingerprint", "check_checkpoint",
-           "checkpoint_key_groups", "with_key_groups", "rescale_fingerprint", "relocate_fingerprint", "is_streaming", "FILE_NAME", "VERSION"]
+           "checkpoint_key_groups", "checkpoint_key_group_ids", "with_key_groups", "rescale_fingerprint", "relocate_fingerprint", "is_streaming", "FILE_NAME", "VERSION"]

@@ -30,7 +30,7 @@ from ..model import KIND_COL, METRICS_COL, METRICS_KIND, SEQ_COL, ChangelogMode
 from ..model.rowkind import RowKind
 from ..operators.keys import GLOBAL_KEY
 from ..runtime.keyed_rows import operator_schema_of
-from ..runtime.spark_keyed import keyed_step
+from ..runtime.spark_keyed import current_key_group_id_layout, keyed_step
 from . import expressions
 from .nodes import (WINDOW_END, WINDOW_START, WINDOW_TIME, Aggregate, ApplyAs, Deduplicate, Filter, History,
                     Join, Materialize, Node, Normalize, Project, Sink, Source, TopN, UnionAll,
@@ -89,16 +89,18 @@ def data_rows(df):
     return df
 
 
-_LOWERED: "weakref.WeakKeyDictionary[Node, Lowered]" = weakref.WeakKeyDictionary()
+#: each node's lowering, per key-group id layout (its keyed operators' state
+#: is stored under the layout's ids: ``spark_keyed.key_group_id_layout``)
+_LOWERED: "weakref.WeakKeyDictionary[Node, dict[str, Lowered]]" = weakref.WeakKeyDictionary()
 
 
 def lower(node: Node) -> Lowered:
     """The DataFrame and operators of a planned ``node`` (module docstring)."""
-    done = _LOWERED.get(node)
-    if done is None:
-        done = _lower(node)
-        _LOWERED[node] = done
-    return done
+    done = _LOWERED.setdefault(node, {})
+    layout = current_key_group_id_layout()
+    if layout not in done:
+        done[layout] = _lower(node)
+    return done[layout]
 
 
 def _lower(node: Node) -> Lowered:

@@ -43,7 +43,7 @@ class KeyGroupProcessor(StatefulProcessor):
 
     def __init__(self, operator, columns, growth: float, max_runs: int,
                  time_zone: Optional[str] = None, key_groups: Optional[int] = None,
-                 pack: Optional[Callable] = None):
+                 pack: Optional[Callable] = None, id_layout: Optional[str] = None):
         from pyspark import cloudpickle
         # the operator and ``pack`` (which packs the output for the next keyed
         # operator, ``spark_keyed.keyed_step``: the output rows as an Arrow
@@ -54,6 +54,10 @@ class KeyGroupProcessor(StatefulProcessor):
         #: the query's key-group count, kept in ``meta``: a key's state is found
         #: by its key group, so a checkpoint cannot be read with another count
         self.key_groups = key_groups
+        #: how the key-group indexes map to the grouping ids
+        #: (``model.partitioning.key_group_ids``), kept in ``meta`` and checked
+        #: like the count; None: not kept (the event-time operators' own ids)
+        self.id_layout = id_layout
         self.columns = list(columns)
         self.time_zone = time_zone
         self.growth = growth
@@ -103,8 +107,10 @@ class KeyGroupProcessor(StatefulProcessor):
         return stack, run_ids, next_seq, misses
 
     def _run_ids(self, stored) -> list:
-        """The run ids of ``meta``: ``{"runs": [...], "key_groups": G}``, or
-        a bare list (written before the count was kept: not checked)."""
+        """The run ids of ``meta``: ``{"runs": [...], "key_groups": G,
+        "key_group_ids": layout}`` (no layout: the plain ids, written before
+        it was kept), or a bare list (written before the count was kept: not
+        checked)."""
         if isinstance(stored, list):
             return stored
         written_with = stored.get("key_groups")
@@ -114,6 +120,16 @@ class KeyGroupProcessor(StatefulProcessor):
                 f"and the query now runs with {self.key_groups}; a key's state is found by its key group, "
                 f"so it cannot be read with another count: run with key groups = {written_with} "
                 "(--key-groups, key_groups=), or start from a new checkpoint")
+        if self.id_layout is not None:
+            from ..model.partitioning import PLAIN_IDS
+            ids = stored.get("key_group_ids", PLAIN_IDS)
+            if ids != self.id_layout:
+                # another group's state would be read, or none
+                raise RuntimeError(
+                    f"{self.operator.name}: the checkpoint's state was written with {ids} key-group ids "
+                    f"and the query now runs with {self.id_layout} ids; the checkpoint's "
+                    "plan-fingerprint.json records the layout (key_group_ids): restore it, or "
+                    "start from a new checkpoint")
         return stored["runs"]
 
     def _save(self, stack, run_ids: list, next_seq: int, key) -> int:
@@ -139,9 +155,11 @@ class KeyGroupProcessor(StatefulProcessor):
             drop_run(rid)
         # the count and the key: what a rescale needs to regroup the state
         # (runtime/rescale.py) without the query's plan
-        self.meta.update((json.dumps({"runs": after, "key_groups": self.key_groups,
-                                      "operator": self.operator.name, "key": list(self.operator.key)}),
-                          int(next_seq)))
+        stored = {"runs": after, "key_groups": self.key_groups, "operator": self.operator.name,
+                  "key": list(self.operator.key)}
+        if self.id_layout is not None:
+            stored["key_group_ids"] = self.id_layout
+        self.meta.update((json.dumps(stored), int(next_seq)))
         return written
 
     def _context(self, timerValues, next_seq: int):

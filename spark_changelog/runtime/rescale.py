@@ -16,7 +16,9 @@ so the rescale rewrites it, offline:
    source, each key group's live rows are taken from its runs
    (``RunStack.live_where``), and every row goes to its key group under the
    new count (:func:`~spark_changelog.runtime.spark_hash.key_groups`, the
-   value Spark's ``hash`` gives);
+   value Spark's ``hash`` gives), stored under that group's spread id
+   (``model.partitioning.spread_group_ids``), whichever ids the checkpoint
+   used (docs/runtime.md, "Key groups and rescaling");
 3. a one-batch streaming query writes the regrouped state, one run per key
    group, through ``transformWithStateInPandas``'s initial state
    (:class:`StateLoader`, the same state variables as ``KeyGroupProcessor``)
@@ -46,11 +48,13 @@ import tempfile
 import time
 from typing import Callable, Optional
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 from pyspark.sql.streaming import StatefulProcessor
 
 from ..model.errors import UserError
+from ..model.partitioning import SPREAD_IDS, key_group_ids
 from .checkpoint import check_checkpoint, log_ids, query_dirs, state_operators
 from .spark_hash import key_groups as spark_key_groups, supports as spark_hash_supports
 from .key_group_processor import BLOB_SCHEMA, META_SCHEMA, RUN_ID_SCHEMA
@@ -204,7 +208,7 @@ def _regroup(checkpoint: str, q: str, op: int, meta: pd.DataFrame, runs: pd.Data
                                   f"({', '.join(str(f.type) for f in key_table.schema)}) are not ones the "
                                   "rescale computes Spark's hash of (integers, strings)",
                       "start a new checkpoint with --key-groups N instead")
-    groups = spark_key_groups(key_table, key, key_groups)
+    groups = np.asarray(key_group_ids(key_groups, SPREAD_IDS))[spark_key_groups(key_table, key, key_groups)]
     info.keys = int(rows[key].drop_duplicates().shape[0])
     rows["_new_kg"] = groups
     records = []
@@ -215,7 +219,7 @@ def _regroup(checkpoint: str, q: str, op: int, meta: pd.DataFrame, runs: pd.Data
         scope = f"rescale/{op_name}/{int(g)}"
         blob = name_new_runs([run], scope, schema)
         meta_json = json.dumps({"runs": [run.id], "key_groups": key_groups, "operator": op_name,
-                                "key": key})
+                                "key": key, "key_group_ids": SPREAD_IDS})
         records.append((int(g), run.id, blob[run.id], meta_json, next_seq))
     out = pd.DataFrame(records, columns=["kg", "run_id", "blob", "meta", "next_seq"])
     return info, out
@@ -283,13 +287,19 @@ def _replace_partition_state(written: str, target: str, version: int) -> None:
 
 def _verify(spark, q: str, op: int, last: int, key_groups: int, expected: OperatorRescale) -> None:
     """The rewritten state of one operator, read back through Spark: every
-    key group records ``key_groups``, every run it lists is there and
-    decodes, and it holds the keys the original held."""
+    key group records ``key_groups`` and the spread ids, is stored under
+    its spread id, every run it lists is there and decodes, and it holds the
+    keys the original held."""
     meta, runs = _read_state(spark, q, op, last, "meta"), _read_state(spark, q, op, last, "runs")
     listed = [json.loads(v["run_ids"]) for v in meta["value"]]
     counts = {m.get("key_groups") for m in listed}
     if counts - {key_groups}:
         raise RuntimeError(f"rescaled operator {op}: key groups recording {counts}, not {key_groups}")
+    layouts = {m.get("key_group_ids") for m in listed}
+    stray = {int(r["_kg"]) for r in meta["key"]} - set(key_group_ids(key_groups, SPREAD_IDS))
+    if layouts - {SPREAD_IDS} or stray:
+        raise RuntimeError(f"rescaled operator {op}: key groups recording ids {layouts}, "
+                           f"groups {sorted(stray)} not spread ids")
     info, _ = _regroup(q, q, op, meta, runs, key_groups)
     if info.keys != expected.keys:
         raise RuntimeError(f"rescaled operator {op} holds {info.keys} keys, the original {expected.keys}")

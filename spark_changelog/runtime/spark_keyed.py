@@ -14,8 +14,13 @@ converts a few rows per key group instead of every input row; the Python step
 unpacks them and sorts each key group's rows by key and ``_seq``.  Streaming
 runs ``transformWithStateInPandas`` on the RocksDB state store; batch runs
 ``applyInArrow`` once per key group, without state.  The key group is still
-Spark's ``pmod(hash(key), G)`` (computed as a column before the pass): state
-written before packing stays where it was.  Operators that wait for the
+Spark's ``pmod(hash(key), G)`` (computed as a column before the pass), which
+picks the group's index; the group's id, the value Spark groups by and the
+state is stored under, is the index's entry in
+:func:`~spark_changelog.model.partitioning.spread_group_ids` (ids Spark's hash
+partitioner spreads evenly over the state partitions), or the index itself
+for a checkpoint written before the layout was recorded (:func:`key_group_id_layout`,
+docs/runtime.md, "Key groups over the state partitions").  Operators that wait for the
 watermark run in :mod:`.spark_event_time` (the sources' watermarks, never
 Spark's ``EventTime`` mode).
 
@@ -43,6 +48,8 @@ Operator counters leave the operator as one extra output row per call
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import time
 from typing import Callable, Optional
@@ -54,7 +61,7 @@ from pyspark.sql.types import BinaryType, ByteType, IntegerType, StructField, St
 
 from ..model import (KIND_COL, METRICS_COL, METRICS_KIND, PACKED_GROUP_COL, PACKED_ROWS_COL,
                      SEQ_COL, RowKind)
-from ..model.partitioning import default_key_groups
+from ..model.partitioning import PLAIN_IDS, SPREAD_IDS, default_key_groups, key_group_ids
 from ..operators.base import KeyedOperator, OpContext
 from .arrow_packing import PACKED_COL, conform, pack_groups, packed_batch, packed_schema, unpack
 from .spark_hash import key_groups as key_groups_of, supports as spark_hash_supports
@@ -65,9 +72,38 @@ from .keyed_rows import (KEY_GROUP_COL, METRICS_GROUP, arrow_input, arrow_output
 from .spark_seen_keys import apply_seen_keys
 from .key_group_processor import KeyGroupProcessor
 
-def add_key_group(df, key, key_groups: int):
+#: the key-group id layout of the keyed operators built on a stream
+#: (:func:`key_group_id_layout`)
+_ID_LAYOUT: contextvars.ContextVar = contextvars.ContextVar("key_group_id_layout", default=SPREAD_IDS)
+
+
+@contextlib.contextmanager
+def key_group_id_layout(layout: str):
+    """Keyed operators built on a stream in this block store their key
+    groups under ``layout``'s ids (``model.partitioning.key_group_ids``):
+    ``plan.execute`` lowers a query with the layout its checkpoint recorded
+    (``plan.fingerprint.checkpoint_key_group_ids``); outside such a block,
+    :data:`~spark_changelog.model.partitioning.SPREAD_IDS`."""
+    key_group_ids(1, layout)       # an unknown layout fails here
+    token = _ID_LAYOUT.set(layout)
+    try:
+        yield
+    finally:
+        _ID_LAYOUT.reset(token)
+
+
+def current_key_group_id_layout() -> str:
+    """The layout of :func:`key_group_id_layout`'s block (or the default)."""
+    return _ID_LAYOUT.get()
+
+
+def add_key_group(df, key, key_groups: int, layout: str = SPREAD_IDS):
+    """``df`` with ``_kg``: the id (under ``layout``) of the key group
+    ``pmod(hash(key), key_groups)``; side rows :data:`METRICS_GROUP`."""
     from pyspark.sql import functions as F
     group = F.pmod(F.hash(*[F.col(k) for k in key]), F.lit(key_groups))
+    if layout != PLAIN_IDS:
+        group = F.array(*[F.lit(i) for i in key_group_ids(key_groups, layout)])[group]
     if METRICS_COL in df.columns:
         group = F.when(F.col(KIND_COL) == F.lit(METRICS_KIND), F.lit(METRICS_GROUP)).otherwise(group)
     return df.withColumn(KEY_GROUP_COL, group)
@@ -118,11 +154,13 @@ def keyed_step(df, operator: KeyedOperator, *, key_groups: Optional[int] = None,
     if key_groups is None:
         key_groups = session_key_groups(df.sparkSession)
     if df.isStreaming:
+        layout = current_key_group_id_layout()
         packed, columns = pack_key_groups(df, operator, key_groups, packed_source=packed_source,
-                                          null_columns=null_columns)
+                                          null_columns=null_columns, layout=layout)
 
         def step(pack: Optional[Callable] = None, schema=None):
-            processor = KeyGroupProcessor(operator, columns, growth, max_runs, time_zone, key_groups, pack)
+            processor = KeyGroupProcessor(operator, columns, growth, max_runs, time_zone, key_groups, pack,
+                                          layout)
             out = packed.groupBy(KEY_GROUP_COL).transformWithStateInPandas(
                 statefulProcessor=processor, outputStructType=PACKED_OUTPUT if pack else out_schema,
                 outputMode="Append", timeMode="None")
@@ -131,7 +169,8 @@ def keyed_step(df, operator: KeyedOperator, *, key_groups: Optional[int] = None,
 
     # the same packed input as streaming: Spark shuffles and groups a few
     # blobs per key group instead of sorting every row (``keygroup.sort_rows``
-    # sorts each key group's rows by key and ``_seq`` in the Python step)
+    # sorts each key group's rows by key and ``_seq`` in the Python step);
+    # no state, so always the spread ids
     packed, columns = pack_key_groups(df, operator, key_groups, packed_source=packed_source,
                                       null_columns=null_columns)
     now = int(time.time() * 1000) if processing_time_ms is None else processing_time_ms
@@ -204,18 +243,21 @@ class LinePacker:
     (``ReadResult.packed_rows``, docs/runtime.md, "Packing in the line
     task"), and a keyed operator before this one on its output
     (:func:`keyed_step`): the rows in the packing pass's schema, each
-    given Spark's key group (:func:`spark_hash.key_groups`, the value
-    :func:`add_key_group` computes; side rows :data:`METRICS_GROUP`),
+    given its key group's id under ``layout`` (the index Spark's
+    ``pmod(hash(key), G)`` gives, :func:`spark_hash.key_groups`, mapped as
+    :func:`add_key_group` maps it; side rows :data:`METRICS_GROUP`),
     pre-folded when the operator pre-folds (the counters' side row into
     :data:`METRICS_GROUP`), packed per key group.  Returns (key group, packed
     rows) pairs."""
 
-    def __init__(self, operator: KeyedOperator, key_groups: int, schema: pa.Schema):
+    def __init__(self, operator: KeyedOperator, key_groups: int, schema: pa.Schema,
+                 layout: str = SPREAD_IDS):
         self.operator, self.key_groups, self.schema = operator, key_groups, schema
+        self.ids = np.asarray(key_group_ids(key_groups, layout), dtype=np.int32)
 
     def __call__(self, rows: pa.Table) -> list[tuple[int, bytes]]:
         table = conform(rows, self.schema)
-        groups = key_groups_of(table, self.operator.key, self.key_groups)
+        groups = self.ids[key_groups_of(table, self.operator.key, self.key_groups)]
         # an upstream operator's side rows (its counters) travel in METRICS_GROUP
         is_side = pc.equal(table.column(KIND_COL), METRICS_KIND).to_numpy(zero_copy_only=False)
         if is_side.any():
@@ -245,7 +287,8 @@ def _line_packable(df, operator: KeyedOperator, null_columns: tuple = ()) -> boo
 
 
 def pack_key_groups(df, operator: KeyedOperator, key_groups: int, chunk_rows: int = PACK_CHUNK_ROWS,
-                    packed_source: Optional[Callable] = None, null_columns: tuple = ()):
+                    packed_source: Optional[Callable] = None, null_columns: tuple = (),
+                    layout: str = SPREAD_IDS):
     """The input of the keyed step, streaming and batch: ``df`` packed per
     key group (:mod:`~spark_changelog.runtime.arrow_packing`) in one
     ``mapInArrow`` pass, which first pre-folds when the operator pre-folds
@@ -253,9 +296,9 @@ def pack_key_groups(df, operator: KeyedOperator, key_groups: int, chunk_rows: in
     the operator's ``prefold_keep``; a side row carries the counters
     ``rows_in`` and ``folded``).  An input partition is packed in parts of
     about ``chunk_rows`` rows (whole Arrow batches).  The key group is Spark's
-    ``pmod(hash(key), G)`` (:func:`add_key_group`), computed as a column
-    before the pass, so a key's state stays where it always was; side rows go
-    to :data:`METRICS_GROUP`.
+    ``pmod(hash(key), G)``, as its id under ``layout`` (:func:`add_key_group`),
+    computed as a column before the pass; side rows go to
+    :data:`METRICS_GROUP`.
 
     ``packed_source``: when ``df`` is a reader's rows read by this operator
     alone, the reader's ``packed_rows``: its line task then packs the rows it
@@ -273,12 +316,12 @@ def pack_key_groups(df, operator: KeyedOperator, key_groups: int, chunk_rows: in
     schema = None
     if packed_source is not None and _line_packable(df, operator, null_columns):
         schema = pa.schema([f.with_nullable(True) for f in arrow_schema_of(df)])
-        line_packed = packed_source(LinePacker(operator, key_groups, schema))
+        line_packed = packed_source(LinePacker(operator, key_groups, schema, layout))
         if line_packed is not None:
             df = line_packed
         else:
             schema = None
-    keyed = add_key_group(df, operator.key, key_groups)
+    keyed = add_key_group(df, operator.key, key_groups, layout)
     if schema is not None:
         from pyspark.sql import functions as F
         keyed = keyed.withColumn(KEY_GROUP_COL, F.when(F.col(PACKED_ROWS_COL).isNotNull(), F.col(PACKED_GROUP_COL))

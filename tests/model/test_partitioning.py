@@ -11,7 +11,8 @@ def test_key_group_ids_spread_over_shuffle_partitions(spark):
     ints = [-2**31, -7, -1, 0, 1, 2, 12, 2**31 - 1]
     got = spark.createDataFrame([(i,) for i in ints], "i INT").select(F.hash("i")).collect()
     assert [r[0] for r in got] == [murmur3_int(i) for i in ints]
-    for groups, partitions in [(2, 2), (4, 2), (4, 4), (8, 2)]:
+    # (32, 2): a keyed operator's default on local[2]; (512, 256): on a cluster
+    for groups, partitions in [(2, 2), (4, 2), (4, 4), (8, 2), (32, 2), (32, 4), (512, 256)]:
         ids = spread_group_ids(groups)
         rows = spark.createDataFrame([(i,) for i in ids], "kg INT").select(
             F.expr(f"pmod(hash(kg), {partitions})").alias("p")).collect()
@@ -20,9 +21,17 @@ def test_key_group_ids_spread_over_shuffle_partitions(spark):
 
 
 def test_default_key_groups_follow_the_state_partitions():
-    """Flink's rule (1.5 x the parallelism, a power of two) between 32 and
-    32768 (docs/runtime.md, "Why key groups"): never below the partitions."""
-    from spark_changelog.model.partitioning import default_key_groups
-    assert [default_key_groups(p) for p in (1, 2, 4, 21, 22, 40, 200, 256, 1000, 100_000)] == \
-        [32, 32, 32, 32, 64, 64, 512, 512, 2048, 32768]
+    """At least 1.5 x the parallelism and 32, a multiple of the partitions,
+    at most 32768 (docs/runtime.md, "Why key groups"): never below the
+    partitions, and with the spread ids every partition gets as many key
+    groups as any other."""
+    from spark_changelog.model.partitioning import default_key_groups, murmur3_int, spread_group_ids
+    assert [default_key_groups(p) for p in (1, 2, 3, 4, 21, 22, 40, 200, 256, 1000, 100_000)] == \
+        [32, 32, 33, 32, 42, 44, 80, 400, 512, 2000, 32768]
     assert all(default_key_groups(p) >= p for p in range(1, 20_000, 97))
+    for partitions in list(range(1, 70)) + [96, 100, 200, 256, 300]:
+        groups = default_key_groups(partitions)
+        per_partition = [0] * partitions
+        for i in spread_group_ids(groups):
+            per_partition[murmur3_int(i) % partitions] += 1
+        assert per_partition == [groups // partitions] * partitions, partitions
