@@ -116,14 +116,16 @@ def enabled() -> bool:
     return os.environ.get(SWITCH, "1") != "0"
 
 
-def prestart(spark) -> None:
+def prestart(spark, launcher: str) -> None:
     """Start the server of a classic session's driver JVM before a streaming
     query starts, so that the query's first operator is forked too; only
-    when Spark starts this package's launcher (a local master: ``session``'s
-    ``PYSPARK_PYTHON``), and not again while the one started is running.
-    The server imports while Spark analyzes and plans the query."""
-    from .worker_launcher import launcher
-    if not enabled() or os.environ.get("PYSPARK_PYTHON") != launcher():
+    when Spark starts this package's launcher (``launcher``, the path
+    :func:`.worker_launcher.launcher` gives: a local master's
+    ``PYSPARK_PYTHON``, set by ``session``), and not again while the one
+    started is running.  The server imports while Spark analyzes and plans
+    the query.  (The caller passes the path: the launcher imports this
+    module, so this module does not import the launcher.)"""
+    if not enabled() or os.environ.get("PYSPARK_PYTHON") != launcher:
         return
     jvm_pid = int(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())
     for pid, server in list(_STARTED.items()):

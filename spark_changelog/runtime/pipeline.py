@@ -434,7 +434,8 @@ def run_to_sink(df, table, *, key, schema: pa.Schema, checkpoint: Optional[str] 
         # the stateful operators' driver processes forked from a server
         # that imports while Spark plans (runtime/driver_worker_forks.py)
         from .driver_worker_forks import prestart
-        prestart(df.sparkSession)
+        from .worker_launcher import launcher
+        prestart(df.sparkSession, launcher())
     starts = QueryStarts()
     query = starts.start(writer.start)
 

@@ -161,8 +161,9 @@ def test_prestart_starts_one_server_per_session_and_forgets_ended_ones(spark):
     ended = subprocess.Popen(["true"])
     ended.wait()
     forks._STARTED[-1] = ended
-    forks.prestart(spark)
-    forks.prestart(spark)
+    from spark_changelog.runtime.worker_launcher import launcher
+    forks.prestart(spark, launcher())
+    forks.prestart(spark, launcher())
     jvm_pid = int(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())
     assert set(forks._STARTED) == {jvm_pid}
     server = forks._STARTED[jvm_pid]
