@@ -48,10 +48,16 @@ def run_sink(sink: Sink, table, *, checkpoint: Optional[str] = None,
         if changed:
             warns.append(changed)
         # keyed operators run with the key-group count their state was
-        # written with (docs/runtime.md, "Key groups and rescaling")
-        sink = with_key_groups(sink, checkpoint_key_groups(checkpoint, fresh))
+        # written with (docs/runtime.md, "Key groups and rescaling").  One
+        # that sets none runs with the session's default (``keyed_step``), so
+        # only another recorded count needs new nodes: new nodes are lowered
+        # again, and the plan the front end lowered already (its readers' line
+        # tasks, its keyed steps) would be built and analyzed a second time
+        groups = checkpoint_key_groups(checkpoint, fresh)
+        if groups != fresh:
+            sink = with_key_groups(sink, groups)
         # and with the layout of their ids (a checkpoint written before it was
-        # recorded: the plain ids)
+        # recorded: the plain ids; lowering is memoized per layout)
         layout = checkpoint_key_group_ids(checkpoint)
     for w in warns:
         _warnings.warn(w, PlanWarning, stacklevel=warn_stacklevel)
