@@ -28,7 +28,7 @@ from .model.watermark import DAY_MS, Duration, duration_ms
 from .plan import explain_plan
 from .plan.expressions import ExpressionError, aggregate_call, parse, project_item, to_spark_sql
 from .plan.execute import PlanWarning, run_sink
-from .plan.lower import Lowered, column_sql, lower, spark_types
+from .plan.lower import Lowered, column_sql, lower
 from .plan.nodes import (Aggregate, ApplyAs, Deduplicate, Filter, History, Join, Node, Normalize,
                          Project,
                          ProjectItem, Sink, Source, TopN, UnionAll, WatermarkAssigner, WindowAggregate,
@@ -83,6 +83,13 @@ class ChangelogStream:
         return self._lowered().df
 
     @property
+    def spark_schema(self):
+        """The Spark schema of :attr:`df` (data columns, ``_kind``, ``_seq``,
+        ``_metrics`` when side rows travel along), without building a
+        reader's rows that are not built yet (``ReadResult``)."""
+        return self._lowered().schema
+
+    @property
     def is_streaming(self) -> bool:
         return self._lowered().is_streaming
 
@@ -118,7 +125,8 @@ class ChangelogStream:
 
     def _types(self) -> dict:
         cols = set(self.traits.columns)
-        return {c: t for c, t in spark_types(self._lowered().data_df).items() if c in cols}
+        return {f.name: f.dataType.simpleString() for f in self._lowered().data_schema.fields
+                if f.name in cols}
 
     # -- sources ---------------------------------------------------------------
     @classmethod
@@ -348,7 +356,7 @@ class ChangelogStream:
             raise PlanError("with_watermark must be declared on a source, before stateful "
                             f"operators ({', '.join(stateful)}): Spark does not allow "
                             "redefining the event time after a stateful operator")
-        dtype = dict((f.name, f.dataType.typeName()) for f in self._lowered().df.schema.fields)[column]
+        dtype = dict((f.name, f.dataType.typeName()) for f in self._lowered().schema.fields)[column]
         if dtype not in ("timestamp", "timestamp_ntz"):
             raise TypeError(
                 f"with_watermark: event-time column {column!r} has type {dtype}; it must be a "

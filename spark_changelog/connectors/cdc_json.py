@@ -238,9 +238,16 @@ class ReadResult:
     -1``, payload in ``_metrics``: dead letters and skipped records), what a
     pipeline runs on.  ``changes``/``invalid``/``skipped`` are views of it.
     All are lazy DataFrames (streaming ones for a streaming read).
+
+    A read whose line task finishes rows (:meth:`packed_rows`) builds
+    ``rows`` when it is first asked for: the one keyed operator reading them
+    directly takes the packed variant instead, and its schema is known
+    without building either (:attr:`schema`), so only one read plan is
+    built and analyzed by Spark (docs/runtime.md, "Before the query starts").
     """
 
-    rows: DataFrame
+    #: the rows once built (None: not yet, :attr:`rows` builds them)
+    _rows: Optional[DataFrame]
     stream_schema: StreamSchema
     format: str
     streaming: bool
@@ -248,6 +255,38 @@ class ReadResult:
     _counts: Optional[dict] = dataclasses.field(default=None, repr=False)
     #: (format module, ReadContext) the rows were built from: :meth:`packed_rows`
     _built_from: Optional[tuple] = dataclasses.field(default=None, repr=False)
+    _files_taken: bool = dataclasses.field(default=False, repr=False)
+
+    @property
+    def rows(self) -> DataFrame:
+        if self._rows is None:
+            module, ctx = self._built_from
+            self._rows = finish(module.parse(self._plan_context(ctx)), ctx)._rows
+        return self._rows
+
+    def _plan_context(self, ctx: "ReadContext") -> "ReadContext":
+        """``ctx`` for the next read plan built: the first takes the listing
+        made when the read was declared, any later one lists on its own, so
+        every plan reads its own source, as when each listed its files."""
+        if ctx.files is None or self._files_taken:
+            return dataclasses.replace(ctx, files=None)
+        self._files_taken = True
+        return ctx
+
+    @property
+    def built(self) -> bool:
+        """Whether :attr:`rows` is built."""
+        return self._rows is not None
+
+    @property
+    def schema(self) -> T.StructType:
+        """The Spark schema of :attr:`rows`, without building them when they
+        are not built yet (:func:`rows_schema`)."""
+        return self._rows.schema if self._rows is not None else rows_schema(self._built_from[1])
+
+    @property
+    def spark(self) -> SparkSession:
+        return self._built_from[1].spark if self._built_from is not None else self.rows.sparkSession
 
     def packed_rows(self, packer: Callable) -> Optional[DataFrame]:
         """The :attr:`rows` of a second read plan whose line task packs the
@@ -264,7 +303,7 @@ class ReadResult:
         module, ctx = self._built_from
         if not getattr(module, "finishes_rows", lambda _ctx: False)(ctx):
             return None
-        return finish(module.parse(dataclasses.replace(ctx, packer=packer)), ctx).rows
+        return finish(module.parse(dataclasses.replace(self._plan_context(ctx), packer=packer)), ctx)._rows
 
     @property
     def changes(self) -> DataFrame:
@@ -342,6 +381,9 @@ class ReadContext:
     #: ``FROM_CHANGELOG`` ``op_mapping``), matched exactly; None: the
     #: spellings of ``model.rowkind.KIND_SPELLINGS``
     op_mapping: Optional[tuple[tuple[str, int], ...]] = None
+    #: the files' listing (``lines.list_files``), made when the read is
+    #: declared, shared by the read plans built later; None: made by the plan
+    files: Optional[DataFrame] = None
 
     @property
     def columns(self) -> list[str]:
@@ -424,7 +466,16 @@ def read_changes(
         op_mapping=None if op_mapping is None else tuple(sorted(op_mapping.items())),
     )
     module = importlib.import_module(f"spark_changelog.connectors.{FORMATS[format]}")
-    result = dataclasses.replace(finish(module.parse(ctx), ctx), _built_from=(module, ctx))
+    if getattr(module, "finishes_rows", lambda _ctx: False)(ctx):
+        # built when first used (ReadResult); the files are listed now, so a
+        # missing path fails here as it always did
+        from spark_changelog.connectors.lines import list_files
+        ctx = dataclasses.replace(ctx, files=list_files(spark, path, streaming=ctx.streaming,
+                                                        max_files_per_trigger=ctx.max_files_per_trigger))
+        result = _result(None, ctx)
+    else:
+        result = finish(module.parse(ctx), ctx)
+    result = dataclasses.replace(result, _built_from=(module, ctx))
     if strict and not streaming:
         raise_if_invalid(result.invalid)
     return result
@@ -616,7 +667,7 @@ def read_lines(ctx: ReadContext, keep_header: bool = False, parser=None) -> Data
     from spark_changelog.connectors.lines import read_lines as numbered_lines
     return numbered_lines(ctx.spark, ctx.path, streaming=ctx.streaming,
                           max_files_per_trigger=ctx.max_files_per_trigger, keep_header=keep_header,
-                          parser=parser)
+                          parser=parser, files=ctx.files)
 
 
 def is_blank(raw: Sql) -> Sql:
@@ -1068,14 +1119,31 @@ def finish(parsed: DataFrame, ctx: ReadContext) -> ReadResult:
     rows = parsed.selectExpr(
         f"inline(CASE WHEN _skip_category IS NOT NULL THEN array({skip}) "
         f"WHEN {bad} THEN array({dead}) ELSE _changes END)", *packed_columns(parsed))
+    return _result(rows, ctx)
+
+
+def _result(rows: Optional[DataFrame], ctx: ReadContext) -> ReadResult:
     key = ctx.primary_key
     # plain rows (a changelog file format without a kind column) are inserts
     plain = ctx.format == "changelog" and ctx.kind_column is None
     stream_schema = StreamSchema(columns=tuple(ctx.columns), primary_key=key,
                                  upsert_key=key if key else None,
                                  mode=ChangelogMode.INSERT_ONLY if plain else ChangelogMode.RETRACT)
-    return ReadResult(rows=rows, stream_schema=stream_schema, format=ctx.format, streaming=ctx.streaming,
+    return ReadResult(rows, stream_schema=stream_schema, format=ctx.format, streaming=ctx.streaming,
                       fail_on_invalid=ctx.streaming and ctx.strict)
+
+
+def rows_schema(ctx: ReadContext) -> T.StructType:
+    """The Spark schema of :func:`finish`'s rows for a read whose columns
+    all have the line task's fast types (the reads built when first used,
+    :class:`ReadResult`): the user columns, ``_kind`` (tinyint), ``_seq``
+    (bigint) and ``_metrics`` (string), every one nullable, as Spark
+    derives it from the generator's structs
+    (tests/connectors/test_read_plan.py compares the two)."""
+    fields = [T.StructField(f.name, f.dataType, True) for f in ctx.schema.fields]
+    return T.StructType(fields + [T.StructField(KIND_COL, T.ByteType(), True),
+                                  T.StructField(SEQ_COL, T.LongType(), True),
+                                  T.StructField(SIDE_COL, T.StringType(), True)])
 
 
 def read_with(module_name: str, spark: SparkSession, path, schema, primary_key, **kw) -> ReadResult:

@@ -125,21 +125,31 @@ def line_ddl(keep_header: bool, parser=None) -> str:
 # --------------------------------------------------------------------------- Spark side
 
 
-def read_lines(spark, path: Union[str, Sequence[str]], *, streaming: bool = False,
-               max_files_per_trigger: Optional[int] = None, keep_header: bool = False, parser=None):
-    """One row per line of the files at ``path`` (module docstring).  With
-    ``keep_header`` a ``header`` column holds each file's first line (CSV);
-    with a ``parser`` its columns follow: a line it finished is its rows with
-    ``raw`` NULL, any other line one row with its text."""
-    schema = "path STRING, modificationTime TIMESTAMP, length BIGINT, content BINARY"
+def list_files(spark, path: Union[str, Sequence[str]], *, streaming: bool = False,
+               max_files_per_trigger: Optional[int] = None):
+    """The files at ``path`` (``binaryFile`` without reading ``content``;
+    streaming: Spark's file stream source, its file log and
+    ``maxFilesPerTrigger``)."""
     if streaming:
+        schema = "path STRING, modificationTime TIMESTAMP, length BIGINT, content BINARY"
         reader = spark.readStream.format("binaryFile").schema(schema)
         if max_files_per_trigger is not None:
             reader = reader.option("maxFilesPerTrigger", int(max_files_per_trigger))
-        files = reader.load(path)
-    else:
-        paths = [path] if isinstance(path, str) else list(path)
-        files = spark.read.format("binaryFile").load(paths)
+        return reader.load(path)
+    paths = [path] if isinstance(path, str) else list(path)
+    return spark.read.format("binaryFile").load(paths)
+
+
+def read_lines(spark, path: Union[str, Sequence[str]], *, streaming: bool = False,
+               max_files_per_trigger: Optional[int] = None, keep_header: bool = False, parser=None,
+               files=None):
+    """One row per line of the files at ``path`` (module docstring).  With
+    ``keep_header`` a ``header`` column holds each file's first line (CSV);
+    with a ``parser`` its columns follow: a line it finished is its rows with
+    ``raw`` NULL, any other line one row with its text.  ``files``: their
+    :func:`list_files`, when made already."""
+    if files is None:
+        files = list_files(spark, path, streaming=streaming, max_files_per_trigger=max_files_per_trigger)
     max_split = max(1, int(_bytes(spark.conf.get("spark.sql.files.maxPartitionBytes", "128m"))))
     tasks = max(1, default_parallelism(spark))
     ranges = files.selectExpr(

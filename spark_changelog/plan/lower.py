@@ -46,7 +46,9 @@ class Lowered:
     metrics, the readers' dead letters and skipped records) and the keyed
     operators built for it (inputs first)."""
 
-    df: object
+    #: the DataFrame; for a source whose reader builds its rows when first
+    #: used (``ReadResult``), that reader until something asks for ``df``
+    frame: object
     operators: tuple = ()
     #: the operators that read source rows directly (their input rows are
     #: the changelog rows the sources produced: the report's "rows in")
@@ -63,13 +65,38 @@ class Lowered:
         """This input followed by the keyed operator ``op`` (output ``df``)."""
         return Lowered(df, self.operators + (op,), self.entry if self.operators else (op,), packs=packs)
 
-    def packed_source(self, df):
-        """How a keyed operator reading ``df`` gets it packed by the step that
-        makes it (a reader's line task, a keyed operator), or None."""
-        if getattr(self.reader, "packed_rows", None) is not None and df is self.reader.rows:
+    @property
+    def df(self):
+        """The node's changelog DataFrame (a reader's rows are built here when
+        they were not yet: ``ReadResult.rows``)."""
+        return self.frame.rows if self.defers_rows else self.frame
+
+    @property
+    def defers_rows(self) -> bool:
+        """The node is a reader's rows, built when first asked for."""
+        return self.reader is not None and self.frame is self.reader
+
+    @property
+    def schema(self):
+        """The Spark schema of :attr:`df`, without building a reader's rows."""
+        return self.reader.schema if self.defers_rows else self.frame.schema
+
+    @property
+    def data_schema(self):
+        """:attr:`schema` without the side rows' column: the schema of
+        :attr:`data_df` (nullability aside, which operators ignore)."""
+        from pyspark.sql.types import StructType
+        return StructType([f for f in self.schema.fields if f.name != METRICS_COL])
+
+    def packed_source(self, frame):
+        """How a keyed operator reading ``frame`` (this node's :attr:`frame`
+        or a DataFrame) gets it packed by the step that makes it (a reader's
+        line task, a keyed operator), or None."""
+        if getattr(self.reader, "packed_rows", None) is not None and (
+                frame is self.reader or (getattr(self.reader, "built", True) and frame is self.reader.rows)):
             return self.reader.packed_rows
-        if self.packs is not None and df is self.packs[0]:
-            return lambda pack: self.packs[1](pack, df.schema)
+        if self.packs is not None and frame is self.packs[0]:
+            return lambda pack: self.packs[1](pack, frame.schema)
         return None
 
     @property
@@ -79,7 +106,38 @@ class Lowered:
 
     @property
     def is_streaming(self) -> bool:
-        return bool(self.df.isStreaming)
+        return bool(self.reader.streaming) if self.defers_rows else bool(self.frame.isStreaming)
+
+
+class _ReaderRows:
+    """A reader's rows not built yet, as a keyed step sees them while it
+    decides how to read them (``spark_keyed.pack_key_groups``): the schema,
+    columns, session and streaming flag come from the reader without a read
+    plan; anything else builds the rows (``ReadResult.rows``) and is theirs.
+    So when the line task packs (``ReadResult.packed_rows``) its plan is the
+    only one built."""
+
+    def __init__(self, reader):
+        self._reader = reader
+
+    @property
+    def schema(self):
+        return self._reader.schema
+
+    @property
+    def columns(self) -> list:
+        return self._reader.schema.fieldNames()
+
+    @property
+    def isStreaming(self) -> bool:
+        return bool(self._reader.streaming)
+
+    @property
+    def sparkSession(self):
+        return self._reader.spark
+
+    def __getattr__(self, name):
+        return getattr(self._reader.rows, name)
 
 
 def data_rows(df):
@@ -112,7 +170,7 @@ def _lower(node: Node) -> Lowered:
         # the watermark rows every event-time operator folds (docs/windows.md);
         # Spark's own query watermark (withWatermark) is not used
         inp = lower(node.input)
-        return dataclasses.replace(inp, df=_with_watermark_rows(node, inp.df))
+        return dataclasses.replace(inp, frame=_with_watermark_rows(node, inp.df))
     if isinstance(node, Project):
         return _project(node, lower(node.input))
     if isinstance(node, Filter):
@@ -120,21 +178,21 @@ def _lower(node: Node) -> Lowered:
     if isinstance(node, Normalize):
         from ..operators.normalize import ChangelogNormalize
         inp = lower(node.input)
-        op = ChangelogNormalize(operator_schema_of(inp.data_df), node.key,
+        op = ChangelogNormalize(operator_schema_of(inp.data_schema), node.key,
                                 state_ttl_ms=node.state_ttl_ms,
                                 tombstone_retention_ms=node.tombstone_retention_ms,
                                 generate_update_before=node.generate_update_before,
                                 fold_batch=node.fold_batch)
-        return _keyed(inp, inp.df, op, node.key_groups)
+        return _keyed(inp, inp.frame, op, node.key_groups)
     if isinstance(node, Materialize):
         from ..operators.sink_upsert_materializer import SinkUpsertMaterializer
         inp = lower(node.input)
-        op = SinkUpsertMaterializer(operator_schema_of(inp.data_df), node.sink_key,
+        op = SinkUpsertMaterializer(operator_schema_of(inp.data_schema), node.sink_key,
                                     upsert_key=node.upsert_key, state_ttl_ms=node.state_ttl_ms,
                                     conflict=node.conflict)
         if node.waits_for_watermark:
             return _event_time(inp, op, node.spec, node.key_groups)
-        return _keyed(inp, inp.df, op, node.key_groups)
+        return _keyed(inp, inp.frame, op, node.key_groups)
     if isinstance(node, Join):
         return _join(node, lower(node.left), lower(node.right))
     if isinstance(node, UnionAll):
@@ -150,24 +208,24 @@ def _lower(node: Node) -> Lowered:
     if isinstance(node, WindowTableFunction):
         from ..runtime.spark_event_time import project_windows
         inp = lower(node.input)
-        return dataclasses.replace(inp, df=project_windows(inp.df, node.column, node.window))
+        return dataclasses.replace(inp, frame=project_windows(inp.df, node.column, node.window))
     if isinstance(node, Deduplicate):
         return _deduplicate(node, lower(node.input))
     if isinstance(node, Aggregate):
         from ..operators.aggregate.group_aggregate import GroupAggregate
         inp, key = _keyed_input(lower(node.input), node.key)
-        op = GroupAggregate(operator_schema_of(inp.data_df), key, node.aggs,
+        op = GroupAggregate(operator_schema_of(inp.data_schema), key, node.aggs,
                             generate_update_before=node.generate_update_before,
                             emit_unchanged=node.emit_unchanged, state_ttl_ms=node.state_ttl_ms)
-        return _without_global_key(_keyed(inp, inp.df, op, node.key_groups))
+        return _without_global_key(_keyed(inp, inp.frame, op, node.key_groups))
     if isinstance(node, TopN):
         from ..operators.top_n import AppendOnlyTopN, RetractableTopN
         inp, partition = _keyed_input(lower(node.input), node.partition_by)
         cls = AppendOnlyTopN if node.input.traits.mode is ChangelogMode.INSERT_ONLY \
             else RetractableTopN
-        op = cls(operator_schema_of(inp.data_df), partition, node.n, node.order_by,
+        op = cls(operator_schema_of(inp.data_schema), partition, node.n, node.order_by,
                  rank_column=node.rank_column, state_ttl_ms=node.state_ttl_ms)
-        return _without_global_key(_keyed(inp, inp.df, op, node.key_groups))
+        return _without_global_key(_keyed(inp, inp.frame, op, node.key_groups))
     raise PlanError(f"no lowering for plan node {type(node).__name__}")
 
 
@@ -219,7 +277,7 @@ def _window_aggregate(node: WindowAggregate) -> Lowered:
         inp = lower(tvf.input)
     if tvf.window.merging:   # sessions merge per key: the operator's key is the group keys
         inp, group_keys = _keyed_input(inp, group_keys)
-    data = operator_schema_of(inp.data_df)
+    data = operator_schema_of(inp.data_schema)
     ts = pa.timestamp("us", tz="UTC")
     fields = [f for f in data if f.name not in (KIND_COL, SEQ_COL)]
     projected = pa.schema(fields + [pa.field(WINDOW_START, ts), pa.field(WINDOW_END, ts),
@@ -259,7 +317,7 @@ def _deduplicate(node: Deduplicate, inp: Lowered) -> Lowered:
     if node.proctime_column is not None and node.order_by is None:
         inp, packed_source = _proctime_unread(node, inp)
         null_columns = (node.proctime_column,)
-    schema = operator_schema_of(inp.data_df)
+    schema = operator_schema_of(inp.data_schema)
     if node.input.traits.mode is not ChangelogMode.INSERT_ONLY:
         op = ChangelogNormalize(schema, key, state_ttl_ms=node.state_ttl_ms,
                                 generate_update_before=node.generate_update_before,
@@ -279,7 +337,7 @@ def _deduplicate(node: Deduplicate, inp: Lowered) -> Lowered:
         out, repack = keyed_step(inp.df, op, key_groups=node.key_groups, packed_source=packed_source,
                                  null_columns=null_columns)
         return _without_global_key(inp.then(out, op, packs=(out, repack) if repack is not None else None))
-    return _without_global_key(_keyed(inp, inp.df, op, node.key_groups))
+    return _without_global_key(_keyed(inp, inp.frame, op, node.key_groups))
 
 
 def _proctime_unread(node: Deduplicate, inp: Lowered) -> tuple[Lowered, Optional[object]]:
@@ -295,7 +353,7 @@ def _proctime_unread(node: Deduplicate, inp: Lowered) -> tuple[Lowered, Optional
     others = [c for c in inp.df.columns if c not in (col, KIND_COL, SEQ_COL, METRICS_COL)]
     reader = _reader_with_columns(node.input, others)
     packed = getattr(reader, "packed_rows", None) if reader is not None else None
-    return dataclasses.replace(inp, df=df), packed
+    return dataclasses.replace(inp, frame=df), packed
 
 
 def _reader_with_columns(node: Node, columns: list):
@@ -311,7 +369,10 @@ def _reader_with_columns(node: Node, columns: list):
                 return None
             names[out] = it.source
         node = node.input
-    if not isinstance(node, Source) or node.reader is None or lower(node).df is not node.reader.rows:
+    if not isinstance(node, Source) or node.reader is None:
+        return None
+    frame = lower(node).frame
+    if frame is not node.reader and frame is not node.reader.rows:
         return None
     if any(out != c or c not in node.traits.columns for out, c in names.items()):
         return None
@@ -329,14 +390,14 @@ def _keyed_input(inp: Lowered, key: tuple) -> tuple[Lowered, tuple]:
     from pyspark.sql import functions as F
     # null on side rows, like every data column of theirs (so the column is nullable)
     constant = F.when(F.col(KIND_COL) != F.lit(METRICS_KIND), F.lit(0))
-    return dataclasses.replace(inp, df=inp.df.withColumn(GLOBAL_KEY, constant)), (GLOBAL_KEY,)
+    return dataclasses.replace(inp, frame=inp.df.withColumn(GLOBAL_KEY, constant)), (GLOBAL_KEY,)
 
 
 def _without_global_key(out: Lowered) -> Lowered:
     """``out`` without the hidden key column of :func:`_keyed_input`."""
     if GLOBAL_KEY not in out.df.columns:
         return out
-    return dataclasses.replace(out, df=out.df.drop(GLOBAL_KEY))
+    return dataclasses.replace(out, frame=out.df.drop(GLOBAL_KEY))
 
 
 def _event_time(inp: Lowered, op, spec, key_groups: Optional[int]) -> Lowered:
@@ -348,22 +409,31 @@ def _event_time(inp: Lowered, op, spec, key_groups: Optional[int]) -> Lowered:
                     op)
 
 
-def _keyed(inp: Lowered, df, op, key_groups: Optional[int]) -> Lowered:
+def _keyed(inp: Lowered, frame, op, key_groups: Optional[int]) -> Lowered:
+    """The keyed operator ``op`` over ``frame`` (``inp``'s own frame, or a
+    DataFrame made from it)."""
     # an operator reading a reader's or a keyed operator's rows as they are
     # has them packed where they are made (docs/runtime.md, "Packing in the
     # line task", "Packing in the operator before")
-    out, repack = keyed_step(df, op, key_groups=key_groups, packed_source=inp.packed_source(df))
+    source = inp.packed_source(frame)
+    df = _ReaderRows(frame) if frame is inp.reader else frame
+    out, repack = keyed_step(df, op, key_groups=key_groups, packed_source=source)
     return inp.then(out, op, packs=(out, repack) if repack is not None else None)
 
 
 def _source(node: Source) -> Lowered:
-    df = node.reader.rows if node.reader is not None else node.dataframe
+    reader = node.reader
+    if reader is not None and node.mode is ChangelogMode.INSERT_ONLY and \
+            reader.stream_schema.mode is not ChangelogMode.INSERT_ONLY:
+        return Lowered(_insert_only(reader.rows, node.name), reader=reader)
+    if reader is not None and not getattr(reader, "built", True):
+        # built when first asked for, or never when the keyed operator
+        # reading it takes the packed variant (ReadResult)
+        return Lowered(reader, reader=reader)
+    df = reader.rows if reader is not None else node.dataframe
     if df is None:
         raise PlanError(f"source {node.name!r} has neither a reader nor a DataFrame")
-    if node.reader is not None and node.mode is ChangelogMode.INSERT_ONLY and \
-            node.reader.stream_schema.mode is not ChangelogMode.INSERT_ONLY:
-        df = _insert_only(df, node.name)
-    return Lowered(df, reader=node.reader)
+    return Lowered(df, reader=reader)
 
 
 def _insert_only(df, name: str):
@@ -403,7 +473,7 @@ def _project(node: Project, inp: Lowered) -> Lowered:
         e = spark_column(item)
         cols.append((F.when(is_data, e) if keep_side_rows else e).alias(item.name))
     cols += [F.col(KIND_COL), F.col(SEQ_COL)] + ([F.col(METRICS_COL)] if keep_side_rows else [])
-    return dataclasses.replace(inp, df=df.select(*cols))
+    return dataclasses.replace(inp, frame=df.select(*cols))
 
 
 def _filter(node: Filter, inp: Lowered) -> Lowered:
@@ -411,12 +481,12 @@ def _filter(node: Filter, inp: Lowered) -> Lowered:
     cond = spark_column(node)
     if METRICS_COL in inp.df.columns:
         cond = (F.col(KIND_COL) == F.lit(METRICS_KIND)) | cond
-    return dataclasses.replace(inp, df=inp.df.where(cond))
+    return dataclasses.replace(inp, frame=inp.df.where(cond))
 
 
 def _join(node: Join, left: Lowered, right: Lowered) -> Lowered:
     from ..operators.join import JoinInputLayout, RegularJoin
-    layout = JoinInputLayout(operator_schema_of(left.data_df), operator_schema_of(right.data_df),
+    layout = JoinInputLayout(operator_schema_of(left.data_schema), operator_schema_of(right.data_schema),
                              node.left_keys, node.right_keys)
     left_spec, right_spec = join_input_specs(node)
     op = RegularJoin(layout, node.how, left_spec.unique_key, right_spec.unique_key, node.condition,
@@ -465,9 +535,4 @@ def column_sql(df, column) -> tuple[str, str]:
     return name, e.sql()
 
 
-def spark_types(df) -> dict:
-    """Column -> Spark simple type string (for cast injectivity and checks)."""
-    return {f.name: f.dataType.simpleString() for f in df.schema.fields}
-
-
-__all__ = ["Lowered", "lower", "data_rows", "column_sql", "spark_types", "spark_column"]
+__all__ = ["Lowered", "lower", "data_rows", "column_sql", "spark_column"]

@@ -44,7 +44,7 @@ def lower_apply_as(node: ApplyAs, inp):
                            .otherwise(kind))
     if node.truncate_when:
         df = _truncates_as_deletes(df, node)
-    return dataclasses.replace(inp, df=df, reader=None)
+    return dataclasses.replace(inp, frame=df, reader=None)
 
 
 def _truncates_as_deletes(df, node: ApplyAs):
@@ -83,7 +83,7 @@ def lower_history(node: History, inp, keyed):
     wanted = keep + [KIND_COL, SEQ_COL] + ([METRICS_COL] if METRICS_COL in df.columns else [])
     if list(df.columns) != wanted:
         df = df.select(*wanted)
-        inp = dataclasses.replace(inp, df=df, reader=None)
+        inp = dataclasses.replace(inp, frame=df, reader=None)
     cls = ScdType2History if node.scd_type == 2 else ScdType1Table
     op = cls(arrow_schema_of(data_rows(df)), node.key, sequence_by=node.sequence_by,
                          columns=columns, track_history=node.track_history,

@@ -25,12 +25,14 @@ KEY_GROUP_COL = "_kg"
 
 
 def arrow_schema_of(df) -> pa.Schema:
-    """The Arrow schema operators see.  TIMESTAMP columns are UTC instants
+    """The Arrow schema operators see of ``df`` (a DataFrame or its Spark
+    schema).  TIMESTAMP columns are UTC instants
     (``timestamp[us, tz=UTC]``): the runtime hands operators tz-aware UTC
     values whatever the session time zone, so state and event times never
     depend on it (:func:`utc_timestamps`)."""
     from pyspark.sql.pandas.types import to_arrow_schema
-    return to_arrow_schema(df.schema, timezone="UTC")
+    from pyspark.sql.types import StructType
+    return to_arrow_schema(df if isinstance(df, StructType) else df.schema, timezone="UTC")
 
 
 def operator_schema_of(df) -> pa.Schema:

@@ -49,7 +49,7 @@ class Context:
         """A streaming run cannot combine a bounded input (``VALUES`` rows, a
         Spark batch frame) with a streaming one: Spark refuses to union them,
         so say it here, at the statement, instead of failing at run time."""
-        if self.streaming and len({s.df.isStreaming for s in streams}) > 1:
+        if self.streaming and len({s.is_streaming for s in streams}) > 1:
             raise self.error(f"{what} of VALUES rows with a streaming table is not "
                              "supported yet in a streaming run (run it with --batch)", at,
                              UnsupportedFeature)
@@ -188,7 +188,7 @@ class Context:
 
 def column_types(stream: ChangelogStream) -> dict:
     """The stream's column types by name (Spark's ``simpleString``)."""
-    return {f.name: f.dataType.simpleString() for f in stream.df.schema.fields}
+    return {f.name: f.dataType.simpleString() for f in stream.spark_schema.fields}
 
 
 __all__ = ["Context", "column_types"]

@@ -79,9 +79,9 @@ class PlannedInsert:
             import pyarrow as pa
             from pyspark.sql.pandas.types import to_arrow_schema
             from ..sinks.postgres import PostgresUpsertSink
-            data = [f for f in self.stream.df.schema.fields
+            data = [f for f in self.stream.spark_schema.fields
                     if f.name in self.stream.schema.columns]
-            schema = to_arrow_schema(type(self.stream.df.schema)(data), timezone="UTC")
+            schema = to_arrow_schema(type(self.stream.spark_schema)(data), timezone="UTC")
             return PostgresUpsertSink(postgres_conninfo(c), c.option("table-name", self.table.name),
                                       self.sink_key, pa.schema(schema), **postgres_sink_retries(c))
         raise AssertionError(f"not a sink connector: {c.kind}")

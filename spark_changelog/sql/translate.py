@@ -115,7 +115,7 @@ class Translator:
         if stmt.name in self.views:
             view = self.views[stmt.name]
             stream = self.ctx.settled(self.query(view.query, view.position)).stream
-            types = {f.name: f.dataType.simpleString().upper() for f in stream.df.schema.fields}
+            types = {f.name: f.dataType.simpleString().upper() for f in stream.spark_schema.fields}
             return tableau.describe_text(stmt, None, [(c, types.get(c, "?"))
                                                       for c in stream.schema.columns])
         raise self.script.error(f"DESCRIBE: unknown table or view {stmt.name!r} (defined: "
@@ -138,7 +138,7 @@ class Translator:
         ctx, ins = self.ctx, stmt.insert
         self._define(stmt.table.name, stmt)
         rel = ctx.settled(self.query(ins.query, ins.position))
-        types = {f.name: f.dataType for f in rel.stream.df.schema.fields}
+        types = {f.name: f.dataType for f in rel.stream.spark_schema.fields}
         names = [f.name for f in rel.fields]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:

@@ -1,0 +1,86 @@
+"""A read whose line task finishes rows is built once (docs/runtime.md,
+"Before the query starts"): its rows are built when first asked for, their
+schema is known before (``ReadResult.schema``), and a keyed operator reading
+them directly builds only the packed read plan."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from spark_changelog.api import read_changes as api_read_changes
+from spark_changelog.connectors.cdc_json import read_changes
+
+SCHEMA = "id BIGINT, g INT, v DOUBLE, s STRING, b BOOLEAN"
+
+
+def _write(path, lines):
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "part-000001.json").write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+@pytest.fixture
+def debezium_files(tmp_path):
+    after = {"id": 1, "g": 2, "v": 0.5, "s": "x", "b": True}
+    return _write(tmp_path / "dbz", [json.dumps({"before": None, "after": after, "op": "c",
+                                                 "source": {"lsn": 1}}), "not json"])
+
+
+@pytest.fixture
+def changelog_files(tmp_path):
+    return _write(tmp_path / "cl", [json.dumps({"id": 1, "g": 2, "v": 0.5, "s": "x", "b": True,
+                                                "op": "+I", "n": 3}), "{"])
+
+
+READS = [
+    ("debezium", "debezium-json", {}),
+    ("changelog", "changelog", {}),
+    ("changelog", "changelog", {"seq_column": "n"}),
+    ("changelog", "changelog", {"kind_column": None}),
+]
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+@pytest.mark.parametrize("files,fmt,kw", READS)
+def test_the_schema_before_the_rows_is_the_rows_schema(spark, request, files, fmt, kw, streaming):
+    path = request.getfixturevalue(f"{files}_files")
+    read = read_changes(spark, path, fmt, SCHEMA, ["id"], streaming=streaming, **kw)
+    assert not read.built
+    before = read.schema
+    assert read.schema.json() == read.rows.schema.json()
+    assert before == read.rows.schema
+    assert read.built
+
+
+def test_a_read_with_slow_types_is_built_at_once(spark, debezium_files):
+    read = read_changes(spark, debezium_files, "debezium-json", "id BIGINT, d DATE", ["id"])
+    assert read.built
+
+
+def test_a_missing_path_fails_where_the_read_is_declared(spark, tmp_path):
+    with pytest.raises(Exception, match="(?i)path does not exist|PATH_NOT_FOUND"):
+        read_changes(spark, str(tmp_path / "nothing"), "debezium-json", SCHEMA, ["id"])
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_a_keyed_operator_reading_the_source_builds_only_the_packed_plan(spark, debezium_files,
+                                                                         streaming, tmp_path):
+    stream = api_read_changes(spark, debezium_files, "debezium-json", SCHEMA, "id", streaming=streaming)
+    (reader,) = stream.sources
+    normalized = stream.normalize()
+    plan = normalized.df._jdf.queryExecution().analyzed().toString()
+    assert "_packed_rows" in plan
+    assert not reader.built
+    # the rows themselves, when asked for, are the unpacked read
+    assert "_packed_rows" not in reader.rows.columns
+    if not streaming:
+        assert sorted(r["id"] for r in normalized.df.where("_kind >= 0").collect()) == [1]
+
+
+def test_a_projection_over_the_source_builds_the_rows(spark, debezium_files):
+    stream = api_read_changes(spark, debezium_files, "debezium-json", SCHEMA, "id")
+    (reader,) = stream.sources
+    projected = stream.select("id", "v")
+    assert reader.built
+    assert sorted(r["id"] for r in projected.df.where("_kind >= 0").collect()) == [1]
