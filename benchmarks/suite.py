@@ -227,6 +227,9 @@ def _say(what: str, r: dict, events: int) -> None:
         return
     print(f"  {what:<44} whole {r['whole']:6.1f} s, warm {r['warm_job']:6.1f} s ({_rate(events, r['warm_job'])}/s warm)"
           f" | CPU {r['cpu_s']:.0f} s | peak RSS {r['peak_rss_mib']:,} MiB | load {r['load']}", flush=True)
+    if "warm_job_before_query_start" in r:
+        print(f"  {'':<44} session start {r['session_start']:.1f} s; before the query starts: first job "
+              f"{r['first_job_before_query_start']:.1f} s, warm {r['warm_job_before_query_start']:.1f} s", flush=True)
 
 
 def _rate(events: int, secs) -> str:
@@ -286,6 +289,14 @@ def markdown(result: dict) -> str:
                 f"{cell('ours_streaming_delta')} | {mem('ours_streaming')} / {mem('flink')} / {mem('native')} | "
                 f"{w['same_result']} | {r.get('ours_streaming', {}).get('load', '-')} |")
         lines.append("")
+        starts = [(w["workload"], w["runs"]["ours_streaming"]) for w in result["workloads"]
+                  if "warm_job_before_query_start" in w["runs"].get("ours_streaming", {})]
+        if starts:
+            lines += ["Ours streaming, before its query starts (from `run_script`'s call to the query's start: "
+                      "translation, lowering, the query's start; docs/runtime.md, \"Before the query starts\"): "
+                      + "; ".join(f"{name} {x['first_job_before_query_start']:.1f} s in the first job, "
+                                  f"{x['warm_job_before_query_start']:.1f} s warm (session start "
+                                  f"{x['session_start']:.1f} s)" for name, x in starts) + ".", ""]
         if any(w["workload"] == "windows" for w in result["workloads"]):
             lines += ["windows: the clicks are in two files (one per reader), each ending with a closing click "
                       "ten days after the last real one, "

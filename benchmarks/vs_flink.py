@@ -237,16 +237,44 @@ def ours_child(spec_path: str) -> None:
     from spark_changelog.sql.script import read_script
     work, batch = spec["work"], spec["mode"] == "batch"
     spark = build_session("spark-changelog")
-    result = {}
+    result = {"session_start": time.time() - t0}
+    starts = [] if batch else query_starts(spark)
     for run, name in (("first_job", "job.sql"), ("warm_job", "job-warm.sql")):
         t = time.time()
         run_script(spark, read_script(os.path.join(work, name)), batch=batch,
                    checkpoint=None if batch else os.path.join(work, f"ours-ck-{run}"),
                    dead_letter=os.path.join(work, f"ours-dl-{run}"), show_progress=False)
         result[run] = time.time() - t
+        if starts:
+            # from run_script's call to the query's start (docs/runtime.md,
+            # "Before the query starts"): translation, lowering, query start
+            result[run + "_before_query_start"] = starts.pop(0) - t
         if run == "first_job":
             result["process_start_to_first_job_end"] = time.time() - t0
     print("RESULT " + json.dumps(result), flush=True)
+
+
+def query_starts(spark) -> list:
+    """The start times (epoch seconds) of the streaming queries started in
+    ``spark`` from now on, appended as they start (Spark's
+    ``QueryStartedEvent`` timestamp, taken when the query is started)."""
+    from pyspark.sql.streaming import StreamingQueryListener
+    starts: list = []
+
+    class Starts(StreamingQueryListener):
+        def onQueryStarted(self, event):
+            starts.append(datetime.datetime.fromisoformat(event.timestamp.replace("Z", "+00:00")).timestamp())
+
+        def onQueryProgress(self, event):
+            pass
+
+        def onQueryIdle(self, event):
+            pass
+
+        def onQueryTerminated(self, event):
+            pass
+    spark.streams.addListener(Starts())
+    return starts
 
 
 def delta_fingerprint(path: str, cols: list[str], before_ms: int | None = None) -> list[int]:
