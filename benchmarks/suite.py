@@ -248,10 +248,24 @@ def _ratio(a: dict, b: dict, key: str) -> str:
     return f"{b[key] / a[key]:.0%}"
 
 
+def code_version() -> str:
+    """The commit the suite ran (``+`` when the work tree had changes)."""
+    import subprocess
+    try:
+        head = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+" if dirty else "")
+
+
 def markdown(result: dict) -> str:
     m = result["machine"]
+    code = f" (code {result['code']})" if result.get("code") else ""
     lines = [f"# Benchmark suite, {result['time_utc']} UTC", "",
-             f"`{result['command']}`", "",
+             f"`{result['command']}`{code}", "",
              f"Machine: {m['cores']} cores, {m['memory_gib']} GiB, {m['platform']}; 1-minute load "
              f"{result['load']} over the run (each run's own below).  "
              f"{result['events']:,} events over {result['ids']:,} ids in {result['files']} files.  "
@@ -391,7 +405,8 @@ def main(argv=None) -> None:
     command = "scripts/bench suite " + " ".join(argv if argv is not None else sys.argv[1:])
     print(f"suite {stamp} UTC: {', '.join(args.only)}; Flink 2.3: {'yes' if flink else 'no (not found or --no-flink)'}; "
           f"load {load0}; logs: {log}", flush=True)
-    result = {"time_utc": stamp, "command": command.strip(), "events": args.events, "ids": args.ids,
+    result = {"time_utc": stamp, "command": command.strip(), "code": code_version(), "events": args.events,
+              "ids": args.ids,
               "files": args.files,
               "machine": {"cores": os.cpu_count(), "platform": platform.platform(),
                           "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30)},
