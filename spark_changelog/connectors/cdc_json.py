@@ -467,9 +467,12 @@ def read_changes(
     )
     module = importlib.import_module(f"spark_changelog.connectors.{FORMATS[format]}")
     if getattr(module, "finishes_rows", lambda _ctx: False)(ctx):
-        # built when first used (ReadResult); the files are listed now, so a
-        # missing path fails here as it always did
+        # built when first used (ReadResult); the files are listed now and
+        # the column names checked, so a missing path or a name JSON cannot
+        # hold fails here as it always did
         from spark_changelog.connectors.lines import list_files
+        for column in ctx.columns:
+            json_path(column)
         ctx = dataclasses.replace(ctx, files=list_files(spark, path, streaming=ctx.streaming,
                                                         max_files_per_trigger=ctx.max_files_per_trigger))
         result = _result(None, ctx)

@@ -63,6 +63,11 @@ def test_a_missing_path_fails_where_the_read_is_declared(spark, tmp_path):
         read_changes(spark, str(tmp_path / "nothing"), "debezium-json", SCHEMA, ["id"])
 
 
+def test_a_name_json_cannot_hold_fails_where_the_read_is_declared(spark, debezium_files):
+    with pytest.raises(ValueError, match="both quote characters"):
+        read_changes(spark, debezium_files, "debezium-json", "id BIGINT, `a'b\"c` STRING", ["id"])
+
+
 @pytest.mark.parametrize("streaming", [False, True])
 def test_a_keyed_operator_reading_the_source_builds_only_the_packed_plan(spark, debezium_files,
                                                                          streaming, tmp_path):
