@@ -12,6 +12,8 @@ import functools
 
 import numpy as np
 
+from .spark_hash import hash_ints
+
 #: the fewest key groups a keyed operator gets by default: a Python call per
 #: key group and micro-batch costs a few state round trips, so more groups
 #: than tasks cost CPU on a laptop (docs/runtime.md, "Why key groups")
@@ -39,46 +41,13 @@ def default_key_groups(state_partitions: int) -> int:
     return min(-(-want // n) * n, MAX_KEY_GROUPS)
 
 
-def murmur3_int(value: int, seed: int = 42) -> int:
-    """Spark's ``hash()`` of an INT (Murmur3 x86 32-bit, seed 42): what its
-    hash partitioner places a row by."""
-    def rotl(x, r):
-        return ((x << r) | (x >> (32 - r))) & 0xFFFFFFFF
-    k = (value & 0xFFFFFFFF) * 0xCC9E2D51 & 0xFFFFFFFF
-    k = rotl(k, 15) * 0x1B873593 & 0xFFFFFFFF
-    h = rotl(seed ^ k, 13)
-    h = (h * 5 + 0xE6546B64) & 0xFFFFFFFF
-    h ^= 4
-    h ^= h >> 16
-    h = h * 0x85EBCA6B & 0xFFFFFFFF
-    h ^= h >> 13
-    h = h * 0xC2B2AE35 & 0xFFFFFFFF
-    h ^= h >> 16
-    return h - (1 << 32) if h >= 1 << 31 else h
-
-
-def _murmur3_ints(values: np.ndarray, seed: int = 42) -> np.ndarray:
-    """:func:`murmur3_int` of each value of an int array (as int64)."""
-    def rotl(x, r):
-        return (x << np.uint32(r)) | (x >> np.uint32(32 - r))
-    k = rotl(values.astype(np.int32).view(np.uint32) * np.uint32(0xCC9E2D51), 15) * np.uint32(0x1B873593)
-    h = rotl(np.uint32(seed) ^ k, 13) * np.uint32(5) + np.uint32(0xE6546B64)
-    h ^= np.uint32(4)
-    h ^= h >> np.uint32(16)
-    h *= np.uint32(0x85EBCA6B)
-    h ^= h >> np.uint32(13)
-    h *= np.uint32(0xC2B2AE35)
-    h ^= h >> np.uint32(16)
-    return h.view(np.int32).astype(np.int64)
-
-
 @functools.lru_cache(maxsize=64)
 def _spread_ids(key_groups: int) -> tuple:
     ids = np.full(key_groups, -1, dtype=np.int64)
     start, step = 0, max(4 * key_groups, 1024)
     while (ids < 0).any():
         candidates = np.arange(start, start + step, dtype=np.int64)
-        groups = np.mod(_murmur3_ints(candidates), key_groups)
+        groups = np.mod(hash_ints(candidates).astype(np.int64), key_groups)
         # the first (smallest) candidate of each group not found yet
         found, first = np.unique(groups, return_index=True)
         todo = ids[found] < 0

@@ -15,7 +15,7 @@ so the rescale rewrites it, offline:
    state after the last committed batch is read through Spark's state data
    source, each key group's live rows are taken from its runs
    (``RunStack.live_where``), and every row goes to its key group under the
-   new count (:func:`~spark_changelog.runtime.spark_hash.key_groups`, the
+   new count (:func:`~spark_changelog.model.spark_hash.key_groups`, the
    value Spark's ``hash`` gives), stored under that group's spread id
    (``model.partitioning.spread_group_ids``), whichever ids the checkpoint
    used (docs/runtime.md, "Key groups and rescaling");
@@ -56,7 +56,7 @@ from pyspark.sql.streaming import StatefulProcessor
 from ..model.errors import UserError
 from ..model.partitioning import SPREAD_IDS, key_group_ids
 from .checkpoint import check_checkpoint, log_ids, query_dirs, state_operators
-from .spark_hash import key_groups as spark_key_groups, supports as spark_hash_supports
+from ..model.spark_hash import key_groups as spark_key_groups, supports as spark_hash_supports
 from .key_group_processor import BLOB_SCHEMA, META_SCHEMA, RUN_ID_SCHEMA
 from .state_runs import Run, RunStack, name_new_runs
 

@@ -64,7 +64,7 @@ from ..model import (KIND_COL, METRICS_COL, METRICS_KIND, PACKED_GROUP_COL, PACK
 from ..model.partitioning import PLAIN_IDS, SPREAD_IDS, default_key_groups, key_group_ids
 from ..operators.base import KeyedOperator, OpContext
 from .arrow_packing import PACKED_COL, conform, pack_groups, packed_batch, packed_schema, unpack
-from .spark_hash import key_groups as key_groups_of, supports as spark_hash_supports
+from ..model.spark_hash import key_groups as key_groups_of, supports as spark_hash_supports
 from .keygroup import process_key_group
 from .keyed_rows import (KEY_GROUP_COL, METRICS_GROUP, arrow_input, arrow_output, arrow_schema_of,
                          operator_instance, output_schema_with_metrics, spark_schema,

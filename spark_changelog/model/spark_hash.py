@@ -13,7 +13,7 @@ value leaves it as it is.  ``BOOLEAN``/``INT`` hash as a 4-byte int,
 ``BIGINT`` as an 8-byte long, ``DOUBLE`` as the long of its bits (``-0.0``
 as ``0.0``, every NaN as Java's canonical NaN), ``STRING`` as its UTF-8
 bytes: the whole 4-byte words little-endian, then each remaining byte alone
-as a signed int.  ``tests/runtime/test_spark_hash.py`` compares it with
+as a signed int.  ``tests/model/test_spark_hash.py`` compares it with
 Spark's ``hash`` on random values of every type.
 """
 from __future__ import annotations
@@ -111,6 +111,13 @@ def _hash_column(col: pa.Array, seed: np.ndarray) -> np.ndarray:
     if col.null_count:
         h = np.where(col.is_null().to_numpy(zero_copy_only=False), seed, h)
     return h
+
+
+def hash_ints(values: np.ndarray) -> np.ndarray:
+    """Spark's ``hash(i)`` of each INT value of ``values``, as int32: where
+    its hash partitioner places a row keyed by that int
+    (``model.partitioning.spread_group_ids``)."""
+    return _hash_int(np.asarray(values), np.full(len(values), SEED, dtype=np.uint32)).view(np.int32)
 
 
 def spark_hash(columns: Sequence[pa.Array]) -> np.ndarray:

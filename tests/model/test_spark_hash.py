@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from spark_changelog.runtime.spark_hash import key_groups, spark_hash, supports
+from spark_changelog.model.spark_hash import key_groups, spark_hash, supports
 
 STRINGS = ["", "a", "ab", "abc", "abcd", "abcde", "héllo", "日本語テキスト", "x" * 37]
 
