@@ -333,11 +333,7 @@ def _deduplicate(node: Deduplicate, inp: Lowered) -> Lowered:
                      generate_insert=node.generate_insert)
         op = (d.ProcTimeKeepLast(schema, key, **flags) if node.order_by is None
               else d.RowTimeKeepLast(schema, key, node.order_by, **flags))
-    if null_columns:
-        out, repack = keyed_step(inp.df, op, key_groups=node.key_groups, packed_source=packed_source,
-                                 null_columns=null_columns)
-        return _without_global_key(inp.then(out, op, packs=(out, repack) if repack is not None else None))
-    return _without_global_key(_keyed(inp, inp.frame, op, node.key_groups))
+    return _without_global_key(_keyed(inp, inp.frame, op, node.key_groups, packed_source, null_columns))
 
 
 def _proctime_unread(node: Deduplicate, inp: Lowered) -> tuple[Lowered, Optional[object]]:
@@ -409,15 +405,19 @@ def _event_time(inp: Lowered, op, spec, key_groups: Optional[int]) -> Lowered:
                     op)
 
 
-def _keyed(inp: Lowered, frame, op, key_groups: Optional[int]) -> Lowered:
+def _keyed(inp: Lowered, frame, op, key_groups: Optional[int], packed_source=None,
+           null_columns: tuple = ()) -> Lowered:
     """The keyed operator ``op`` over ``frame`` (``inp``'s own frame, or a
-    DataFrame made from it)."""
+    DataFrame made from it).  ``packed_source`` and ``null_columns``: a
+    reader's packing for rows that are its rows but for columns null in
+    every row (:func:`_proctime_unread`); by default the packing of the step
+    that makes ``frame`` as it is."""
     # an operator reading a reader's or a keyed operator's rows as they are
     # has them packed where they are made (docs/runtime.md, "Packing in the
     # line task", "Packing in the operator before")
-    source = inp.packed_source(frame)
+    source = inp.packed_source(frame) if packed_source is None else packed_source
     df = _ReaderRows(frame) if frame is inp.reader else frame
-    out, repack = keyed_step(df, op, key_groups=key_groups, packed_source=source)
+    out, repack = keyed_step(df, op, key_groups=key_groups, packed_source=source, null_columns=null_columns)
     return inp.then(out, op, packs=(out, repack) if repack is not None else None)
 
 
