@@ -51,7 +51,7 @@ def watermark_rows(data: pa.Table, generator: WatermarkGenerator, source: str,
     return pa.RecordBatch.from_arrays(cols, schema=schema)
 
 
-def data_rows(t: pa.Table) -> pa.Table:
+def _data_rows(t: pa.Table) -> pa.Table:
     """``t`` without its side rows."""
     kinds = t.column(KIND_COL).to_numpy(zero_copy_only=False)
     is_data = kinds != METRICS_KIND
@@ -65,7 +65,7 @@ def _generate(generator: WatermarkGenerator, source: str, partition: Optional[st
             yield pa.RecordBatch.from_arrays(rb.columns, schema=schema)
             if not rb.num_rows:
                 continue
-            marks = watermark_rows(data_rows(pa.Table.from_batches([rb])), generator, source,
+            marks = watermark_rows(_data_rows(pa.Table.from_batches([rb])), generator, source,
                                    partition, schema)
             if marks is not None:
                 yield marks
@@ -85,4 +85,4 @@ def generate_watermarks(df, generator: WatermarkGenerator, source: str,
     return df.mapInArrow(_generate(generator, source, partition, schema), spark_schema(schema))
 
 
-__all__ = ["data_rows", "generate_watermarks", "watermark_rows"]
+__all__ = ["generate_watermarks", "watermark_rows"]

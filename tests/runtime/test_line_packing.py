@@ -54,10 +54,11 @@ FILES = [
 EXPECTED = [(2, 2.5, "b2"), (3, 4.0, "c2"), (4, 0.0, "d"), (5, 3.0, "a5")]
 
 
-def _write_files(tmp_path) -> str:
+def _write_files(tmp_path, files=FILES) -> str:
+    """``files``' lines as ``in/part-<i>.json``, arriving in that order."""
     d = tmp_path / "in"
     d.mkdir()
-    for i, lines in enumerate(FILES):
+    for i, lines in enumerate(files):
         path = str(d / f"part-{i}.json")
         with open(path, "w") as fh:
             fh.write("\n".join(lines) + "\n")
@@ -235,20 +236,15 @@ def test_keep_last_on_processing_time_packs_in_the_line_task(spark, tmp_path, mo
     and the reader's line task packs the rows: the changelog, table and
     report equal the unpacked run's.  The changelog is Flink's: id 1's row
     repeated in the second micro-batch equals the kept one and emits
-    nothing (Flink compares rows whose processing-time field is null)."""
+    nothing (Flink 2.3 with its RocksDB state backend compares the rows with
+    the processing-time field null; docs/sql.md)."""
     import glob
 
     import pyarrow.parquet as pq
 
     from spark_changelog.sql.runner import run_script
     from spark_changelog.sql.script import parse_script
-    inp = tmp_path / "in"
-    inp.mkdir()
-    for i, lines in enumerate(KEEP_LAST_FILES):
-        path = str(inp / f"part-{i}.json")
-        with open(path, "w") as fh:
-            fh.write("\n".join(lines) + "\n")
-        set_arrival(path, i)
+    inp = _write_files(tmp_path, KEEP_LAST_FILES)
     packers = []
     line_packed = ReadResult.packed_rows
 
