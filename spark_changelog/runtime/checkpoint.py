@@ -14,11 +14,14 @@ readable and complete (every run a key group lists is there).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import re
-from typing import Optional
+import struct
+import zlib
+from typing import Iterator, Optional
 
 from ..model.errors import UserError
 
@@ -27,6 +30,8 @@ from ..model.errors import UserError
 DAMAGED_STATE = "damaged state"
 _DAMAGED_RE = re.compile(DAMAGED_STATE + r": ([^\n]*)")
 _V2_RE = re.compile(r"\d+_[0-9a-f-]{36}\.(?:changelog|zip)")
+#: Spark's error class when a state store partition cannot load its state
+_CANNOT_LOAD = "CANNOT_LOAD_STATE_STORE"
 _TMP_RE = re.compile(r"^\.(?P<name>.+)\.[0-9a-f-]{36}(?:\.TID\d+)?\.tmp$")
 
 
@@ -45,16 +50,27 @@ def damaged_state(operator: str, key_group, detail: str) -> RuntimeError:
     return RuntimeError(f"{DAMAGED_STATE}: operator {operator}, key group {key_group}, {where}: {detail}")
 
 
+def _damaged(detail: str, checkpoint: str) -> DamagedCheckpoint:
+    return DamagedCheckpoint(
+        f"the checkpoint is damaged: {detail}; the query cannot resume from it",
+        where=f"checkpoint {checkpoint}",
+        todo=f"`spark-changelog check {checkpoint}` lists what is wrong; start a new "
+             "--checkpoint DIR (the query then reads its sources again from the start)")
+
+
 def reraise_damaged(err: BaseException, checkpoint: str) -> None:
     """Raise :class:`DamagedCheckpoint` if ``err`` (Spark's wrapper of a
-    worker's error) reports damaged state; otherwise return."""
-    m = _DAMAGED_RE.search(str(err))
+    worker's error) reports damaged state, ours or a state file Spark cannot
+    load (a changelog file whose LZ4 block fails its checksum, a snapshot
+    whose zip entry fails its CRC); otherwise return."""
+    text = str(err)
+    m = _DAMAGED_RE.search(text)
     if m:
-        raise DamagedCheckpoint(
-            f"the checkpoint is damaged: {m.group(1).strip()}; the query cannot resume from it",
-            where=f"checkpoint {checkpoint}",
-            todo=f"`spark-changelog check {checkpoint}` lists what is wrong; start a new "
-                 "--checkpoint DIR (the query then reads its sources again from the start)") from err
+        raise _damaged(m.group(1).strip(), checkpoint) from err
+    if _CANNOT_LOAD in text:
+        causes = re.findall(r"Caused by: ([^\n]+)", text)
+        cause = causes[0].strip() if causes else text.split(_CANNOT_LOAD, 1)[1].splitlines()[0].strip()
+        raise _damaged(f"a stateful operator's state cannot be loaded ({cause})", checkpoint) from err
 
 
 @dataclasses.dataclass
@@ -269,6 +285,123 @@ def _undecodable(blob) -> Optional[str]:
     return None
 
 
+# ------------------------------------------------------------ checksum files
+#: Hadoop's checksum file (``ChecksumFs``): ``crc\0``, the bytes per
+#: checksum (a big-endian int), then a big-endian CRC-32 per chunk
+_CRC_MAGIC = b"crc\x00"
+_BYTES_PER_CHECKSUM = 512
+
+
+def checksum_path(path: str) -> str:
+    """Where Hadoop keeps ``path``'s checksum: ``.NAME.crc`` beside it."""
+    return os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.crc")
+
+
+def hadoop_checksum(data: bytes, bytes_per_checksum: int = _BYTES_PER_CHECKSUM) -> bytes:
+    """The bytes of ``data``'s checksum file, as Hadoop writes it."""
+    sums = b"".join(struct.pack(">I", zlib.crc32(data[i:i + bytes_per_checksum]))
+                    for i in range(0, len(data), bytes_per_checksum))
+    return _CRC_MAGIC + struct.pack(">i", bytes_per_checksum) + sums
+
+
+def checksum_mismatch(path: str) -> Optional[str]:
+    """Why ``path`` does not match its checksum file, or None (it matches,
+    or it has none)."""
+    try:
+        with open(checksum_path(path), "rb") as fh:
+            crc = fh.read()
+    except FileNotFoundError:
+        return None
+    if len(crc) < 8 or crc[:4] != _CRC_MAGIC:
+        return f"its checksum file {os.path.basename(checksum_path(path))} is not one"
+    with open(path, "rb") as fh:
+        data = fh.read()
+    if hadoop_checksum(data, struct.unpack(">i", crc[4:8])[0]) != crc:
+        return (f"it does not match its checksum file {os.path.basename(checksum_path(path))} "
+                "(the file was damaged or changed after it was written)")
+    return None
+
+
+def log_files(q: str) -> Iterator[str]:
+    """The files of query checkpoint ``q`` other than the state stores' data:
+    the query's id, the offset, commit and source logs, the stateful
+    operators' metadata and state schema.  Spark writes each once and never
+    in place; nothing checksums them but a ``.crc`` file
+    (docs/runtime.md, "Checkpoint files on the local file system")."""
+    if os.path.isfile(os.path.join(q, "metadata")):
+        yield os.path.join(q, "metadata")
+    dirs = [os.path.join(q, "offsets"), os.path.join(q, "commits")]
+    sources = os.path.join(q, "sources")
+    if os.path.isdir(sources):
+        dirs += [os.path.join(sources, s) for s in os.listdir(sources)]
+    for d in dirs:
+        if os.path.isdir(d):
+            yield from (os.path.join(d, f) for f in os.listdir(d) if re.fullmatch(r"\d+(\.compact)?", f))
+    state = os.path.join(q, "state")
+    for op in os.listdir(state) if os.path.isdir(state) else []:
+        for sub in ("_metadata", "_stateSchema"):
+            for root, _, files in os.walk(os.path.join(state, op, sub)):
+                yield from (os.path.join(root, f) for f in files if not f.startswith("."))
+
+
+def seal_logs(q: str) -> None:
+    """Write Hadoop's checksum file beside every log file of query checkpoint
+    ``q`` that has none, and remove checksum files whose log file Spark
+    purged.  Sessions write checkpoint files without them (Hadoop's
+    ``RawLocalFs``: no child processes per file); these are written here, in
+    the process, so that ``check`` and the next start find a damaged log
+    file, and Hadoop's default file system verifies them too."""
+    if not q or not os.path.isdir(q):
+        return
+    for path in log_files(q):
+        crc = checksum_path(path)
+        if os.path.exists(crc):
+            continue
+        try:
+            with open(path, "rb") as fh:
+                data = fh.read()
+        except FileNotFoundError:      # purged meanwhile
+            continue
+        tmp = crc[:-4] + ".crc-tmp"
+        with open(tmp, "wb") as fh:
+            fh.write(hadoop_checksum(data))
+        os.replace(tmp, crc)
+    for d in (os.path.join(q, "offsets"), os.path.join(q, "commits")):
+        for f in os.listdir(d) if os.path.isdir(d) else []:
+            m = re.fullmatch(r"\.(\d+)\.crc", f)
+            if m and not os.path.exists(os.path.join(d, m.group(1))):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(os.path.join(d, f))
+
+
+def verify_logs(q: str, checkpoint: str) -> None:
+    """Raise :class:`DamagedCheckpoint` naming the first log file of ``q``
+    that does not match its checksum file: run before a query resumes."""
+    if not q or not os.path.isdir(q):
+        return
+    for path in sorted(log_files(q)):
+        problem = checksum_mismatch(path)
+        if problem:
+            raise _damaged(f"{os.path.relpath(path, q)}: {problem}", checkpoint)
+
+
+def _check_checksum_files(q: str, name: str, findings: list) -> None:
+    """Every file with a checksum file beside it matches it: the log files
+    (sealed by :func:`seal_logs`) and, in checkpoints written with Hadoop's
+    default local file system, every file."""
+    for root, _, files in os.walk(q):
+        for f in files:
+            m = re.fullmatch(r"\.(.+)\.crc", f)
+            if not m or not os.path.isfile(os.path.join(root, m.group(1))):
+                continue
+            path = os.path.join(root, m.group(1))
+            if any(path in x.text for x in findings):
+                continue        # already named (a torn log file)
+            problem = checksum_mismatch(path)
+            if problem:
+                findings.append(Finding(name, True, f"{os.path.relpath(path, q)}: {problem}"))
+
+
 def check_checkpoint(checkpoint: str, spark=None) -> CheckReport:
     """Verify ``checkpoint`` (module docstring); ``spark``: also read the
     keyed operators' state."""
@@ -287,6 +420,7 @@ def check_checkpoint(checkpoint: str, spark=None) -> CheckReport:
         lasts[name] = last
         _check_state_files(q, name, last, blocking)
         _check_temporary_files(q, name, findings)
+        _check_checksum_files(q, name, blocking)
         findings.extend(blocking)
         if spark is not None and not any(f.problem for f in blocking):
             _check_keyed_state(spark, q, name, last, findings)

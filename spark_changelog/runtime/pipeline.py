@@ -412,6 +412,10 @@ def run_to_sink(df, table, *, key, schema: pa.Schema, checkpoint: Optional[str] 
     remote = runs_remote(df)
     failure: list = []
     clear_batch_records(handler.reports_dir)    # a dead run's leftovers (one query per checkpoint)
+    # the log files Spark reads to resume, against the checksums written
+    # beside them (runtime/checkpoint.py, seal_logs)
+    from .checkpoint import seal_logs, verify_logs
+    verify_logs(handler.main_checkpoint, handler.main_checkpoint)
 
     def main_batch(bdf, batch_id):
         # classic PySpark: this runs in this process (Py4J callback), so the
@@ -480,6 +484,7 @@ def run_to_sink(df, table, *, key, schema: pa.Schema, checkpoint: Optional[str] 
         if query.isActive:
             query.stop()
         handler.clear_stop()
+        seal_logs(handler.main_checkpoint)      # the last batch's commit
     report.seconds = time.perf_counter() - t0
     return report
 
@@ -596,6 +601,9 @@ class BatchHandler:
             if self.stop_requested:
                 # before this batch touches state or a sink: it is redone on resume
                 raise _StopRequested()
+            # checksums of the logs Spark wrote for this batch and the one before
+            from .checkpoint import seal_logs
+            seal_logs(self.main_checkpoint)
             return self.run(bdf, int(batch_id), _query_id(self.main_checkpoint))
         except Exception as err:
             self._save_failure(err)

@@ -14,6 +14,9 @@ import tempfile
 from typing import Callable, Mapping, Optional
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+#: Hadoop's local file system for FileContext (Spark's checkpoint file
+#: manager) without checksum files; Hadoop's default is ``LocalFs``
+RAW_LOCAL_FS = "org.apache.hadoop.fs.local.RawLocalFs"
 
 DEFAULT_CONFIGS = {
     # transformWithState needs RocksDB; it is also the provider whose checkpoints
@@ -21,6 +24,16 @@ DEFAULT_CONFIGS = {
     # checkpoint cost.
     "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
     "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+    # Checkpoint files on the local file system (``file:``) are written by
+    # Hadoop's raw local file system, without a ``.crc`` file beside each:
+    # without Hadoop's native library every file and rename costs child
+    # processes (chmod, readlink) of the JVM, and the .crc doubled them.
+    # Crash safety is the rename of a finished temporary file (unchanged);
+    # the state files carry their own checksums (LZ4 blocks, zip entries,
+    # RocksDB's tables), and the .crc's own rename was a second step a kill
+    # could split from the file's (docs/runtime.md, "Checkpoint files on the
+    # local file system")
+    "spark.hadoop.fs.AbstractFileSystem.file.impl": RAW_LOCAL_FS,
     "spark.sql.session.timeZone": "UTC",
     # CAST fails on a value it cannot convert, as in Flink (TRY_CAST gives
     # NULL); without ANSI mode CAST would silently give NULL (docs/sql.md,
