@@ -16,26 +16,30 @@ import sys
 from .model.errors import PathError, UsageError, located
 
 
-def _session(args):
-    from .runtime.session import build_session
+def _session_start(args):
+    """The command's session, started now and built while the command reads
+    its input (runtime/session.py, ``SessionStart``): take it with
+    ``.session()`` inside ``with``; an error before that ends the JVM."""
+    from .runtime.session import SessionStart
     bad = [kv for kv in (args.conf or []) if "=" not in kv]
     if bad:
         raise UsageError(f"--conf {bad[0]}: expected KEY=VALUE")
     confs = dict(kv.split("=", 1) for kv in (args.conf or []))
-    return build_session("spark-changelog", master=args.master, configs=confs, remote=args.remote)
+    return SessionStart("spark-changelog", master=args.master, configs=confs, remote=args.remote)
 
 
 def cmd_normalize(args) -> int:
-    from .api import read_changes
     from .runtime.paths import input_problem
     if args.streaming and not args.checkpoint:
         raise UsageError("--streaming needs --checkpoint DIR")
-    problem = input_problem(args.input)
-    if problem:
-        raise PathError(f"input path {problem}", todo="give the directory of the change files")
-    _check_outputs(output=args.output, checkpoint=args.checkpoint, dead_letter=args.dead_letter,
-                   changelog=args.changelog)
-    spark = _session(args)
+    with _session_start(args) as starting:
+        problem = input_problem(args.input)
+        if problem:
+            raise PathError(f"input path {problem}", todo="give the directory of the change files")
+        _check_outputs(output=args.output, checkpoint=args.checkpoint, dead_letter=args.dead_letter,
+                       changelog=args.changelog)
+        from .api import read_changes
+        spark = starting.session()
     kw = {}
     if args.format == "changelog":
         kw.update(changelog_file_format=args.file_format, kind_column=args.kind_column,
@@ -72,6 +76,12 @@ def cmd_normalize(args) -> int:
     return 0
 
 
+def _session(args):
+    """The command's session, built now."""
+    with _session_start(args) as starting:
+        return starting.session()
+
+
 def _check_outputs(**dirs) -> None:
     """Every output directory given on the command line can be written (before
     Spark starts)."""
@@ -96,30 +106,31 @@ def _script(args):
 
 
 def cmd_run(args) -> int:
-    from .sql.runner import print_summary, run_script
     if args.batch and args.checkpoint:
         raise UsageError("--batch and --checkpoint exclude each other (a batch job has no "
                          "checkpoint)")
-    script = _script(args)
-    batch = args.batch
-    if not batch and not args.checkpoint:
-        mode = _runtime_mode(script)
-        if mode == "batch":
-            batch = True
-        else:
-            raise UsageError("give --batch (one batch job) or --checkpoint DIR (a resumable "
-                             "streaming query)")
-    if args.trigger is not None:
-        if batch:
-            raise UsageError("--trigger keeps a streaming query running: give --checkpoint DIR, "
-                             "not --batch")
-        if not _TRIGGER.match(args.trigger):
-            raise UsageError(f"--trigger {args.trigger!r} is not an interval",
-                             todo="write it as a number and a unit, e.g. --trigger '1 second', "
-                                  "'500 milliseconds' or '0 seconds' (back to back)")
-    _check_outputs(checkpoint=args.checkpoint, dead_letter=args.dead_letter,
-                   late_output=args.late_output, changelog=args.changelog)
-    spark = _session(args)
+    with _session_start(args) as starting:
+        script = _script(args)
+        batch = args.batch
+        if not batch and not args.checkpoint:
+            mode = _runtime_mode(script)
+            if mode == "batch":
+                batch = True
+            else:
+                raise UsageError("give --batch (one batch job) or --checkpoint DIR (a resumable "
+                                 "streaming query)")
+        if args.trigger is not None:
+            if batch:
+                raise UsageError("--trigger keeps a streaming query running: give --checkpoint "
+                                 "DIR, not --batch")
+            if not _TRIGGER.match(args.trigger):
+                raise UsageError(f"--trigger {args.trigger!r} is not an interval",
+                                 todo="write it as a number and a unit, e.g. --trigger '1 second', "
+                                      "'500 milliseconds' or '0 seconds' (back to back)")
+        _check_outputs(checkpoint=args.checkpoint, dead_letter=args.dead_letter,
+                       late_output=args.late_output, changelog=args.changelog)
+        from .sql.runner import print_summary, run_script
+        spark = starting.session()
     run_script(spark, script, batch=batch, checkpoint=args.checkpoint,
                dead_letter=args.dead_letter, strict=args.strict,
                show_progress=not args.no_progress, late_output=args.late_output,
@@ -140,9 +151,10 @@ def _runtime_mode(script):
 
 
 def cmd_explain(args) -> int:
-    from .sql.runner import explain_script
-    script = _script(args)
-    spark = _session(args)
+    with _session_start(args) as starting:
+        script = _script(args)
+        from .sql.runner import explain_script
+        spark = starting.session()
     print(explain_script(spark, script, args.format, batch=args.batch))
     return 0
 

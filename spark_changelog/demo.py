@@ -87,16 +87,18 @@ def generate_debezium(directory: str, rows: int, keys: int, files: int = 8, seed
 
 def run_demo(output: str, rows: int = 200_000, keys: int = 20_000, streaming: bool = True) -> int:
     from .api import read_debezium
-    from .runtime.session import build_session
+    from .runtime.session import SessionStart
     from .sinks.delta import read_table
 
-    shutil.rmtree(output, ignore_errors=True)
-    src_dir = os.path.join(output, "cdc")
-    t = time.perf_counter()
-    expected = generate_debezium(src_dir, rows, keys)
-    print(f"generated {rows:,} Debezium events over {keys:,} keys in 8 shuffled files "
-          f"({time.perf_counter() - t:.1f} s): {src_dir}")
-    spark = build_session("spark-changelog-demo")
+    # the session starts while the events are generated (runtime/session.py)
+    with SessionStart("spark-changelog-demo") as starting:
+        shutil.rmtree(output, ignore_errors=True)
+        src_dir = os.path.join(output, "cdc")
+        t = time.perf_counter()
+        expected = generate_debezium(src_dir, rows, keys)
+        print(f"generated {rows:,} Debezium events over {keys:,} keys in 8 shuffled files "
+              f"({time.perf_counter() - t:.1f} s): {src_dir}")
+        spark = starting.session()
     stream = read_debezium(spark, src_dir, schema=SCHEMA, primary_key=["id"], streaming=streaming,
                            max_files_per_trigger=2 if streaming else None)
     table = os.path.join(output, "customers")

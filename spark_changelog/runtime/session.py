@@ -9,8 +9,11 @@ import contextlib
 import logging
 import os
 import re
+import signal
 import sys
 import tempfile
+import threading
+import time
 from typing import Callable, Mapping, Optional
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -124,32 +127,6 @@ def native_stderr_to_log():
         os.close(fd)
 
 
-@contextlib.contextmanager
-def _jvm_output_to_log():
-    """While the JVM is started, file descriptors 1 and 2 point at the log file,
-    so the JVM (log4j's start-up lines, warnings) and every Python worker it
-    spawns (transformWithState's workers print progress lines) write there and
-    not on the user's terminal; this process gets its own descriptors back."""
-    path = spark_log_path()
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    except OSError:
-        yield
-        return
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = os.dup(1), os.dup(2)
-    try:
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        yield
-    finally:
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-        for f in (fd, *saved):
-            os.close(f)
-
-
 def build_session(app_name: str = "spark-changelog", master: Optional[str] = None,
                   configs: Optional[Mapping[str, str]] = None, remote: Optional[str] = None):
     """Create (or get) a SparkSession with the project's defaults.
@@ -162,25 +139,141 @@ def build_session(app_name: str = "spark-changelog", master: Optional[str] = Non
     module named pandas".  The JVM's and the workers' own output goes to
     :func:`spark_log_path`, not the terminal.
     """
-    master = master or os.environ.get("SPARK_CHANGELOG_MASTER")
-    remote = remote or (None if master else os.environ.get("SPARK_REMOTE"))
-    if remote:
-        if master:
-            from ..model.errors import UsageError
-            raise UsageError(f"both a master ({master}) and a Spark Connect URL ({remote}) given",
-                             todo="give one: --master URL for a classic session, --remote "
-                                  "sc://... (or SPARK_REMOTE) for Spark Connect")
-        return build_connect_session(remote, app_name, configs)
-    from pyspark.sql import SparkSession
+    return SessionStart(app_name, master, configs, remote, background=False).session()
 
+
+class SessionStart:
+    """A session being built while its caller does other work: the JVM's
+    start and Spark's context take 2-3 s in which the driver's Python would
+    idle, and a command has 1 s or more of its own Python to do before it
+    needs the session (its imports, the script's parse; docs/runtime.md,
+    "Before the query starts").
+
+    The constructor does what :func:`build_session` does before Spark
+    starts (the master, the configs, the workers' interpreter; a usage error
+    is raised here), then, for a classic session whose JVM this process
+    starts, starts the JVM and builds the session in a thread of its own.
+    The modules that thread would import once the JVM is up (pandas among
+    them: py4j's converters import it at the first call) are imported here,
+    in the caller's thread, while the JVM starts, and the thread waits for
+    them: two threads importing one package by different modules can see it
+    half initialised.  :meth:`session` returns the session (or raises the
+    error of its start).  :meth:`cancel` (the caller failed before it took
+    the session: a bad script, Ctrl-C) ends the JVM being started, so a
+    failed command leaves no JVM behind; as a context manager, an error
+    inside the block cancels.  A Spark Connect session, or a process
+    started by ``spark-submit`` (its JVM exists), is built by
+    :meth:`session`, in the caller's thread, as before."""
+
+    def __init__(self, app_name: str = "spark-changelog", master: Optional[str] = None,
+                 configs: Optional[Mapping[str, str]] = None, remote: Optional[str] = None,
+                 background: bool = True):
+        master = master or os.environ.get("SPARK_CHANGELOG_MASTER")
+        remote = remote or (None if master else os.environ.get("SPARK_REMOTE"))
+        self._spark = self._error = self._thread = self._proc = None
+        self._done, self._cancelled, self._handed = threading.Event(), False, False
+        if remote:
+            if master:
+                from ..model.errors import UsageError
+                raise UsageError(f"both a master ({master}) and a Spark Connect URL ({remote}) given",
+                                 todo="give one: --master URL for a classic session, --remote "
+                                      "sc://... (or SPARK_REMOTE) for Spark Connect")
+            self._build = lambda before_context: build_connect_session(remote, app_name, configs)
+            return
+        options = _classic_options(app_name, master, configs)
+        self._build = lambda before_context: _classic_session(options, before_context, self._launched)
+        from pyspark import SparkContext
+        if not background or SparkContext._gateway is not None or "PYSPARK_GATEWAY_PORT" in os.environ:
+            return
+        # what the thread imports before its JVM is up, imported here first
+        import pyspark.java_gateway  # noqa: F401
+        import pyspark.sql  # noqa: F401
+        imported = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(imported.wait,), daemon=True,
+                                        name="spark-changelog-session")
+        self._thread.start()
+        try:
+            _import_session_modules()
+        except BaseException:       # Ctrl-C: not yet in the caller's ``with``
+            self.cancel()
+            raise
+        finally:
+            imported.set()
+
+    def _run(self, before_context: Callable[[], None]) -> None:
+        try:
+            self._spark = self._build(before_context)
+        except BaseException as err:    # noqa: BLE001 - raised again by session()
+            self._error = err
+        finally:
+            self._done.set()
+
+    def _launched(self, proc) -> None:
+        """The JVM runs (``proc``): a cancelled start ends it here."""
+        self._proc = proc
+        if self._cancelled:
+            _end_processes([proc.pid])
+            raise _Cancelled()
+
+    def session(self):
+        """The session, once built (the caller waits for it here)."""
+        if self._thread is None:
+            if self._spark is None:
+                self._spark = self._build(None)
+            return self._spark
+        self._done.wait()
+        self._handed = True
+        if self._error is not None:
+            raise self._error
+        if threading.current_thread() is threading.main_thread():
+            _cancel_jobs_on_ctrl_c(self._spark)
+        return self._spark
+
+    def cancel(self) -> None:
+        """The caller failed before it took the session: end the JVM being
+        started (and the session, if it is up already)."""
+        if self._thread is None or self._cancelled or self._handed:
+            return
+        self._cancelled = True
+        if not self._done.is_set():
+            # the JVM is a child of the session's thread from its launch on
+            _end_processes(_thread_children(self._thread.native_id))
+        self._thread.join(timeout=30)
+        if self._spark is not None:
+            self._spark.stop()
+        if self._proc is not None:
+            if self._proc.poll() is None:
+                _end_processes([self._proc.pid])
+            from pyspark import SparkContext
+            gateway = SparkContext._gateway
+            if gateway is not None and getattr(gateway, "proc", None) is self._proc:
+                # a later session of this process starts its own JVM
+                with SparkContext._lock:
+                    SparkContext._gateway = SparkContext._jvm = SparkContext._active_spark_context = None
+                with contextlib.suppress(Exception):
+                    gateway.close()
+
+    def __enter__(self) -> "SessionStart":
+        return self
+
+    def __exit__(self, kind, err, tb) -> None:
+        if kind is not None:
+            self.cancel()
+
+
+class _Cancelled(Exception):
+    """The session's start was cancelled (:meth:`SessionStart.cancel`)."""
+
+
+def _classic_options(app_name: str, master: Optional[str],
+                     configs: Optional[Mapping[str, str]]) -> dict:
+    """A classic session's settings (``spark.app.name``, ``spark.master``
+    and the rest), for ``master`` (None: ``local[2]``, unless
+    ``spark-submit`` started this process and brings its own)."""
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    builder = SparkSession.builder.appName(app_name)
-    if master:
-        builder = builder.master(master)
-    elif "PYSPARK_GATEWAY_PORT" not in os.environ:
+    if not master and "PYSPARK_GATEWAY_PORT" not in os.environ:
         # not launched by spark-submit (which brings its own master): run locally
         master = "local[2]"
-        builder = builder.master(master)
     _set_worker_python(bool(master and master.startswith("local")))
     merged = dict(DEFAULT_CONFIGS)
     if master and master.startswith("local"):
@@ -199,21 +292,131 @@ def build_session(app_name: str = "spark-changelog", master: Optional[str] = Non
     merged["spark.pyspark.python"] = sys.executable
     merged["spark.pyspark.driver.python"] = sys.executable
     merged.update(configs or {})
-    for k, v in merged.items():
-        builder = builder.config(k, v)
+    return {"spark.app.name": app_name, **({"spark.master": master} if master else {}), **merged}
+
+
+def _classic_session(options: Mapping[str, str], before_context: Optional[Callable[[], None]] = None,
+                     launched: Optional[Callable] = None):
+    """The classic session with ``options``; its JVM started here unless it
+    runs already.  ``before_context()`` runs once the JVM is up, before
+    Spark's context is created; ``launched(proc)`` with the JVM's process."""
     from pyspark import SparkContext
-    launching = SparkContext._gateway is None and "PYSPARK_GATEWAY_PORT" not in os.environ
+    from pyspark.sql import SparkSession
     # pyspark itself turns any session into a Connect client while SPARK_REMOTE is set
     saved_remote = os.environ.pop("SPARK_REMOTE", None)
     try:
-        with (_jvm_output_to_log() if launching else contextlib.nullcontext()):
-            spark = builder.getOrCreate()
+        if SparkContext._gateway is None and "PYSPARK_GATEWAY_PORT" not in os.environ:
+            _launch_jvm(options, launched)
+        if before_context is not None:
+            before_context()
+        spark = SparkSession.builder.config(map=dict(options)).getOrCreate()
     finally:
         if saved_remote is not None:
             os.environ["SPARK_REMOTE"] = saved_remote
     spark.sparkContext.setLogLevel("ERROR")
     quiet_pyspark_loggers()
     return spark
+
+
+def _launch_jvm(options: Mapping[str, str], launched: Optional[Callable] = None) -> None:
+    """Start the driver JVM (PySpark's ``launch_gateway``: ``spark-submit``
+    with ``options`` as its ``--conf``s, what ``getOrCreate`` would start)
+    with its output, and so that of every Python worker it spawns, in
+    :func:`spark_log_path`, not on the user's terminal (log4j's start-up
+    lines, transformWithState's workers' progress lines).  ``launched(proc)``
+    sees its process first; then the gateway becomes the one ``getOrCreate``
+    uses."""
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+    try:
+        log = open(spark_log_path(), "ab")
+    except OSError:
+        log = None
+    try:
+        output = {"stdout": log, "stderr": log} if log is not None else {}
+        gateway = launch_gateway(SparkConf().setAll(list(options.items())), popen_kwargs=output)
+    finally:
+        if log is not None:
+            log.close()
+    if launched is not None:
+        launched(gateway.proc)
+    SparkContext._ensure_initialized(gateway=gateway)
+
+
+def _import_session_modules() -> None:
+    """What the session's thread would import once its JVM is up: PySpark's
+    SQL session and py4j's converters (``NumpyArrayConverter`` imports
+    ``pyspark.testing.utils``, and with it pandas), the loggers' class."""
+    import pyspark.logger.worker_io  # noqa: F401
+    import pyspark.sql.session  # noqa: F401
+    import pyspark.testing.utils  # noqa: F401
+
+
+def _cancel_jobs_on_ctrl_c(spark) -> None:
+    """What PySpark's context does when it is created in the main thread
+    (only there may a signal handler be set): Ctrl-C cancels the running
+    jobs, then raises KeyboardInterrupt."""
+    def on_sigint(signum, frame):
+        try:
+            spark.sparkContext.cancelAllJobs()
+        finally:
+            raise KeyboardInterrupt()
+    signal.signal(signal.SIGINT, on_sigint)
+
+
+def _thread_children(native_id: Optional[int]) -> list:
+    """The processes a thread of this process started, and theirs (Linux)."""
+    if native_id is None:
+        return []
+    try:
+        with open(f"/proc/self/task/{native_id}/children") as fh:
+            pids = [int(p) for p in fh.read().split()]
+    except OSError:
+        return []
+    return pids + [d for p in pids for d in _children(p)]
+
+
+def _children(pid: int) -> list:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as fh:
+            pids = [int(p) for p in fh.read().split()]
+    except OSError:
+        return []
+    return pids + [d for p in pids for d in _children(p)]
+
+
+def _end_processes(pids: list, wait: float = 5.0) -> None:
+    """SIGTERM ``pids`` (a JVM runs its shutdown hooks: Spark removes its
+    temporary directories), SIGKILL those still running after ``wait`` s."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except OSError:
+            pass
+    deadline = time.monotonic() + wait
+    alive = list(pids)
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+        alive = [p for p in alive if _running(p)]
+    for pid in alive:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def _running(pid: int) -> bool:
+    """``pid`` runs: it exists and has not ended (a child that ended stays
+    a zombie until its ``Popen`` reaps it)."""
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def _set_worker_python(local: bool) -> None:
