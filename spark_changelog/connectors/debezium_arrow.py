@@ -6,7 +6,9 @@ half the speed of Spark's own JSON file source), so the common case is parsed
 here, in the Python task that already holds the lines' bytes
 (:mod:`~spark_changelog.connectors.lines`), by Arrow's JSON reader (C++, typed
 by an explicit schema, strict: a value of another JSON type, a fraction or
-exponent for an integer, a duplicate key, a bad escape all fail).
+exponent for an integer, a bad escape all fail, and so does a duplicate key
+among the fields it types; one repeated among the fields it skips is not
+seen, docs/runtime.md, "Parsed once, mostly by Arrow").
 
 A line this module can decide leaves the task *finished*: its change rows
 (``-U``/``+U``, or ``-D``/``+I`` when a key column changes; ``_kind``, ``_seq``
