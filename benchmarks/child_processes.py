@@ -3,7 +3,7 @@ attributed, with Hadoop's checksummed local file system and with the raw one
 (docs/runtime.md, "Checkpoint files on the local file system").
 
     scripts/bench child-processes [--jobs join,normalize] [--events 1000000]
-                                  [--fs raw,checksum]
+                                  [--fs checksum,raw] [--timed N]
 
 Each job of the suite (``vs_flink.JOBS``) runs once in its own process, as the
 suite's streaming run does (its SQL script, into ``blackhole``, with a
@@ -15,8 +15,16 @@ directories) and by the kind of thread that started it (the query's driver
 thread, a task, state store maintenance).  ``--fs``: ``checksum`` is Hadoop's
 default ``LocalFs`` (a ``.crc`` file beside each checkpoint file), ``raw``
 Hadoop's ``RawLocalFs`` (runtime/session.py).  strace slows the run down, so
-only the counts are the result, not the times.  Writes
-``benchmarks/results/child-processes-<time>.json`` and ``.md``.
+only the counts are the result, not the times.
+
+``--timed N``: no strace; each job's process runs the query twice (*first*
+and *warm*, as the suite does), N times per file system, alternately, and
+records the job times and, from Spark's query progress, the driver's log
+writes per micro-batch (``walCommit``: the offset log, ``commitOffsets``:
+the commit log), the first batch's ``queryPlanning`` (the operators' state
+schema and metadata files) and the stateful operators' state store commit
+time (``commitTimeMs``, summed over operators: the tasks' state files).
+Writes ``benchmarks/results/child-processes-<time>.json`` and ``.md``.
 """
 from __future__ import annotations
 
@@ -26,6 +34,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -60,24 +69,63 @@ THREADS = [("query driver thread", "stream execut"), ("task", "Executor task"),
 _LINE = re.compile(r"^(\d+)\s+(\d+:\d+:\d+\.\d+)\s+(.*)$")
 
 
-def child(job_name: str, work: str, events: int, fs: str) -> None:
-    """One run of ``job_name``'s streaming query (the suite's script) with
-    ``fs`` as the ``file:`` scheme's FileContext file system."""
+def child(job_name: str, work: str, events: int, fs: str, timed: bool) -> None:
+    """``job_name``'s streaming query (the suite's script) with ``fs`` as
+    the ``file:`` scheme's FileContext file system: once, or (``timed``)
+    twice with the query progress recorded."""
     job = vs_flink.JOBS[job_name](vs_flink.ensure_inputs(events, 100_000, 4, CACHE))
     from spark_changelog.runtime.session import build_session
     from spark_changelog.sql.runner import run_script
     from spark_changelog.sql.script import read_script
     spark = build_session("child-processes", configs={FS_KEY: FILE_SYSTEMS[fs]})
-    script = os.path.join(work, "job.sql")
-    with open(script, "w") as fh:
-        fh.write(vs_flink.ours_script(job, os.path.join(work, "out"), "blackhole"))
-    t = time.time()
-    run_script(spark, read_script(script), batch=False, checkpoint=os.path.join(work, "ck"),
-               dead_letter=os.path.join(work, "dl"), show_progress=False)
-    crc = sum(f.endswith(".crc") for _, _, files in os.walk(os.path.join(work, "ck")) for f in files)
-    files = sum(len(files) for _, _, files in os.walk(os.path.join(work, "ck")))
-    print("RESULT " + json.dumps({"job_s": round(time.time() - t, 1), "checkpoint_files": files,
-                                  "crc_files": crc}), flush=True)
+    progress = _progress_listener(spark)
+    result = {}
+    for run in ("first", "warm") if timed else ("first",):
+        script = os.path.join(work, f"{run}.sql")
+        with open(script, "w") as fh:
+            fh.write(vs_flink.ours_script(job, os.path.join(work, f"out-{run}"), "blackhole"))
+        t = time.time()
+        run_script(spark, read_script(script), batch=False, checkpoint=os.path.join(work, f"ck-{run}"),
+                   dead_letter=os.path.join(work, f"dl-{run}"), show_progress=False)
+        result[f"{run}_job"] = round(time.time() - t, 2)
+    ck = os.path.join(work, "ck-first")
+    result["checkpoint_files"] = sum(len(files) for _, _, files in os.walk(ck))
+    result["crc_files"] = sum(f.endswith(".crc") for _, _, files in os.walk(ck) for f in files)
+    if timed:
+        deadline = time.time() + 10         # the listener's events arrive asynchronously
+        while len({p["id"] for p in progress}) < 2 and time.time() < deadline:
+            time.sleep(0.05)
+        result["batches"] = progress
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def _progress_listener(spark) -> list:
+    """Each micro-batch's durations and state store commit times, appended
+    as Spark reports them."""
+    from pyspark.sql.streaming import StreamingQueryListener
+    out: list = []
+
+    class Progress(StreamingQueryListener):
+        def onQueryStarted(self, event):
+            pass
+
+        def onQueryProgress(self, event):
+            p = event.progress
+            d = dict(p.durationMs)
+            out.append({"id": str(p.id), "batch": p.batchId, "rows": p.numInputRows,
+                        "walCommit": d.get("walCommit", 0), "commitOffsets": d.get("commitOffsets", 0),
+                        "queryPlanning": d.get("queryPlanning", 0),
+                        "triggerExecution": d.get("triggerExecution", 0),
+                        "stateCommit": sum(op.commitTimeMs for op in p.stateOperators)})
+
+        def onQueryIdle(self, event):
+            pass
+
+        def onQueryTerminated(self, event):
+            pass
+
+    spark.streams.addListener(Progress())
+    return out
 
 
 def parse_trace(path: str) -> list[dict]:
@@ -138,7 +186,10 @@ def attribute(programs: list[dict]) -> dict:
     by_thread: dict = collections.defaultdict(collections.Counter)
     for p in programs:
         path = p["argv"][-1] if p["argv"] else ""
-        comp = next((c for c, rx in COMPONENTS if rx.search(path)), "other")
+        if p["program"] == "chmod" and p["argv"][1:2] == ["0755"]:
+            comp = "directories"        # a directory Spark creates (mkdirs)
+        else:
+            comp = next((c for c, rx in COMPONENTS if rx.search(path)), "other")
         if os.path.basename(path).endswith(".crc"):
             comp += " (.crc)"
         by_component[comp][p["program"]] += 1
@@ -154,15 +205,58 @@ def run_one(job: str, fs: str, events: int, env: dict) -> dict:
         trace = os.path.join(work, "strace.log")
         load0 = machine_load()
         cmd = ["strace", "-f", "-q", "-tt", "-s", "512", "-e", "trace=execve,clone,clone3,vfork,prctl",
-               "-o", trace, sys.executable, __file__, "--events", str(events), "--child", job, work, fs]
+               "-o", trace, sys.executable, __file__, "--events", str(events), "--child", job, work, fs, "0"]
         out = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                              check=True).stdout
         r = json.loads([ln for ln in out.splitlines() if ln.startswith("RESULT ")][-1][7:])
+        r["job_s"] = r.pop("first_job")
         programs = parse_trace(trace)
         r.update(attribute(programs))
         r["programs"] = programs
         r["load"] = f"{load0}-{machine_load()}"
         return r
+
+
+def run_timed(job: str, fs: str, events: int, env: dict) -> dict:
+    """One process, the job twice, no strace: times and query progress."""
+    with tempfile.TemporaryDirectory(prefix="child-processes-") as work:
+        load0 = machine_load()
+        out = subprocess.run([sys.executable, __file__, "--events", str(events), "--child", job, work, fs, "1"],
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                             check=True).stdout
+    r = json.loads([ln for ln in out.splitlines() if ln.startswith("RESULT ")][-1][7:])
+    batches = r.pop("batches")
+    queries = sorted({b["id"] for b in batches}, key=[b["id"] for b in batches].index)
+    for run, qid in zip(("first", "warm"), queries):
+        mine = [b for b in batches if b["id"] == qid]
+        r[f"{run}_batches"] = len(mine)
+        for k in ("walCommit", "commitOffsets", "stateCommit"):
+            r[f"{run}_{k}_ms"] = sum(b[k] for b in mine)
+        r[f"{run}_queryPlanning_ms"] = mine[0]["queryPlanning"] if mine else None
+    r["load"] = f"{load0}-{machine_load()}"
+    return r
+
+
+TIMED = ("first_job", "warm_job", "first_queryPlanning_ms", "warm_queryPlanning_ms", "warm_walCommit_ms",
+         "warm_commitOffsets_ms", "warm_stateCommit_ms")
+
+
+def markdown_timed(result: dict) -> str:
+    lines = [f"# Checkpoint files: Hadoop's LocalFs against RawLocalFs, timed ({result['time_utc']})", "",
+             f"`scripts/bench child-processes --timed {result['timed']}`, {result['events']} events; each "
+             "process runs the suite's streaming query twice (first, warm) into blackhole; the file systems "
+             "alternate.  Medians; *_ms are Spark's query progress summed over the query's micro-batches "
+             "(walCommit: offset log, commitOffsets: commit log, stateCommit: the state stores' commit, "
+             "summed over operators and tasks).", ""]
+    for job, runs in result["runs"].items():
+        lines += [f"## {job}", "", "| file system | " + " | ".join(TIMED) + " | loads |",
+                  "|---|" + "---|" * (len(TIMED) + 1)]
+        for fs, rs in runs.items():
+            med = {k: statistics.median(r[k] for r in rs) for k in TIMED}
+            lines.append(f"| {fs} | " + " | ".join(f"{med[k]:g}" for k in TIMED) + " | "
+                         + ", ".join(r["load"] for r in rs) + " |")
+        lines.append("")
+    return "\n".join(lines)
 
 
 def markdown(result: dict) -> str:
@@ -192,10 +286,13 @@ def main() -> None:
     ap.add_argument("--jobs", default="join,normalize")
     ap.add_argument("--events", type=int, default=1_000_000)
     ap.add_argument("--fs", default="checksum,raw")
-    ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    ap.add_argument("--timed", type=int, default=0, help="N timed runs per file system, no strace")
+    ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        return child(args.child[0], args.child[1], args.events, args.child[2])
+        return child(args.child[0], args.child[1], args.events, args.child[2], args.child[3] == "1")
+    if args.timed:
+        return main_timed(args)
     if not shutil.which("strace"):
         sys.exit("child-processes needs strace (apt-get install strace)")
     vs_flink.ensure_inputs(args.events, 100_000, 4, CACHE)
@@ -215,6 +312,28 @@ def main() -> None:
         json.dump(result, fh, indent=1)
     with open(base + ".md", "w") as fh:
         fh.write(markdown(result))
+    print(f"written: {os.path.relpath(base, ROOT)}.json, .md")
+
+
+def main_timed(args) -> None:
+    vs_flink.ensure_inputs(args.events, 100_000, 4, CACHE)
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    result = {"time_utc": stamp, "events": args.events, "timed": args.timed, "runs": {}}
+    for job in args.jobs.split(","):
+        for _ in range(args.timed):
+            for fs in args.fs.split(","):
+                r = run_timed(job, fs, args.events, env)
+                result["runs"].setdefault(job, {}).setdefault(fs, []).append(r)
+                print(f"{job:<10} {fs:<8}: jobs first {r['first_job']:5.1f} s, warm {r['warm_job']:5.1f} s | warm "
+                      f"query: offset log {r['warm_walCommit_ms']} ms, commit log {r['warm_commitOffsets_ms']} ms, "
+                      f"state commit {r['warm_stateCommit_ms']} ms over {r['warm_batches']} batches; first "
+                      f"queryPlanning {r['first_queryPlanning_ms']} ms | load {r['load']}", flush=True)
+    base = os.path.join(HERE, "results", f"child-processes-{stamp}")
+    with open(base + ".json", "w") as fh:
+        json.dump(result, fh, indent=1)
+    with open(base + ".md", "w") as fh:
+        fh.write(markdown_timed(result))
     print(f"written: {os.path.relpath(base, ROOT)}.json, .md")
 
 
