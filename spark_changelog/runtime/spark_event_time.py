@@ -68,20 +68,28 @@ EVENT_TIME_KEY_GROUPS = 2
 _WATERMARKS = StructType([StructField("json", StringType())])
 
 
+#: pandas' nullable dtype of each Arrow integer type (:func:`_key_groups_of`)
+_NULLABLE = {pa.int8(): pd.Int8Dtype(), pa.int16(): pd.Int16Dtype(), pa.int32(): pd.Int32Dtype(),
+             pa.int64(): pd.Int64Dtype(), pa.bool_(): pd.BooleanDtype()}
+
+
 def _key_groups_of(table: pa.Table, key, key_groups: int) -> np.ndarray:
     """Each row's key group: a hash of its operator key, the same in every
     process and run (pandas' fixed-key SipHash), so a key's state stays in
-    its key group across restarts."""
+    its key group across restarts.  Integer, boolean and timestamp columns
+    convert to pandas' nullable types, whose hash of a value is the plain
+    type's: a NULL among a piece's rows (a row without event time has no
+    ``window_end``) does not turn the piece's integers into floats, which
+    hash differently, so a key's group does not depend on the other rows
+    of its piece."""
     cols = {}
     for k in key:
         col = table.column(k)
         if pa.types.is_timestamp(col.type):
             col = col.cast(pa.int64())
-        cols[k] = col.to_pandas()
+        cols[k] = col.to_pandas(types_mapper=_NULLABLE.get)
     h = pd.util.hash_pandas_object(pd.DataFrame(cols), index=False).to_numpy()
     return (h % np.uint64(key_groups)).astype(np.int32)
-
-
 
 
 def _watermark_rows(side: pa.Table) -> Optional[pd.DataFrame]:
