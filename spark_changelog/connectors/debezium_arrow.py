@@ -286,7 +286,10 @@ class PackingParser:
     user columns by name, ``_kind``, ``_seq``) into (key group, packed rows)
     pairs, and each pair leaves as one row: ``_j_kind`` = ``PACKED_KIND``,
     ``_j_seq`` 0, the user columns NULL, and the two packed columns.  The
-    lines left to Spark leave as the parser gives them."""
+    lines left to Spark leave as the parser gives them, and so do the
+    finished rows the packer leaves (its optional ``leaves(table)``: a mask
+    of rows it cannot pack, which Spark's SQL then finishes from their
+    values like any finished line)."""
 
     def __init__(self, parser: FinishingParser, packer):
         self.parser, self.packer = parser, packer
@@ -301,10 +304,19 @@ class PackingParser:
                  line_numbers: np.ndarray) -> tuple[np.ndarray, list[pa.Array], np.ndarray]:
         line_of, values, needs_raw = self.parser(buf, starts, ends, file_no, line_numbers)
         finished = np.flatnonzero(~needs_raw)
+        names = [c for c, _ in self.parser.columns] + [KIND_COL, SEQ_COL]
+        unpacked = needs_raw
+        leaves = getattr(self.packer, "leaves", None)
+        if leaves is not None and len(finished):
+            left = leaves(pa.table(values if len(finished) == len(line_of) else [v.take(finished) for v in values],
+                                   names=names))
+            if left.any():
+                unpacked = needs_raw.copy()
+                unpacked[finished[left]] = True
+                finished = finished[~left]
         if not len(finished):
             n = len(line_of)
             return line_of, values + [pa.nulls(n, pa.int32()), pa.nulls(n, pa.binary())], needs_raw
-        names = [c for c, _ in self.parser.columns] + [KIND_COL, SEQ_COL]
         every = len(finished) == len(line_of)     # the common case: no line left to Spark
         pairs = list(self.packer(pa.table(values if every else [v.take(finished) for v in values], names=names)))
         m = len(pairs)
@@ -313,7 +325,7 @@ class PackingParser:
             out += [pa.array(np.full(m, PACKED_KIND, np.int8)), pa.array(np.zeros(m, np.int64)),
                     pa.array([g for g, _ in pairs], pa.int32()), pa.array([b for _, b in pairs], pa.binary())]
             return np.full(m, line_of[0]), out, np.zeros(m, dtype=bool)
-        rest = np.flatnonzero(needs_raw)
+        rest = np.flatnonzero(unpacked)
         # a packed row is numbered as the first finished line: it is never
         # reported by line (its rows are valid changes)
         out_line_of = np.concatenate([line_of[rest], np.full(m, line_of[finished[0]])])

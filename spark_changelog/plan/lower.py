@@ -267,15 +267,17 @@ def _window_aggregate(node: WindowAggregate) -> Lowered:
     # watermarks from their rows: the source's watermark rows are not needed;
     # windows reading the source's watermark directly generate its rows in
     # their own packing pass (one Arrow pass over the rows instead of two)
-    generate = None
+    generate = line = None
     if isinstance(tvf.input, WatermarkAssigner):
-        inp = lower(tvf.input.input)
         if tvf.from_source:
             wm = tvf.input
             generate = (wm.strategy, wm.source_name, wm.partition)
+            if wm.partition is None and (group_keys or not tvf.window.merging):
+                line = _line_window_source(wm.input)
+        inp = lower(tvf.input.input) if line is None else line
     else:
         inp = lower(tvf.input)
-    if tvf.window.merging:   # sessions merge per key: the operator's key is the group keys
+    if tvf.window.merging and line is None:   # sessions merge per key: the operator's key is the group keys
         inp, group_keys = _keyed_input(inp, group_keys)
     data = operator_schema_of(inp.data_schema)
     ts = pa.timestamp("us", tz="UTC")
@@ -285,11 +287,117 @@ def _window_aggregate(node: WindowAggregate) -> Lowered:
     cls = SessionWindowAggregate if tvf.window.merging else WindowAggregateOp
     op = cls(projected, group_keys, [AggCall(*a) for a in node.aggregates],
              allowed_lateness_ms=node.allowed_lateness_ms, time_column=tvf.column)
-    out = apply_event_time(inp.df, op, tvf.spec, assigner=tvf.window, key_groups=node.key_groups,
-                           from_source=tvf.from_source, generate=generate)
+    if line is not None:
+        out = apply_event_time(line, op, tvf.spec, assigner=tvf.window, key_groups=node.key_groups,
+                               from_source=True, generate=generate,
+                               line_packing=(line.line_columns, line.packed, lambda: lower(line.top).df))
+        lowered = Lowered(out, (op,), (op,))
+    else:
+        out = apply_event_time(inp.df, op, tvf.spec, assigner=tvf.window, key_groups=node.key_groups,
+                               from_source=tvf.from_source, generate=generate)
+        lowered = inp.then(out, op)
     if node.window_time:
-        out = _with_window_time(out, node.traits.columns)
-    return _without_global_key(inp.then(out, op))
+        lowered = dataclasses.replace(lowered, frame=_with_window_time(lowered.frame, node.traits.columns))
+    return _without_global_key(lowered)
+
+
+class _LineWindowSource:
+    """A reader's rows through projections its line task computes
+    (``runtime.line_columns``), as a window reading the source's watermark
+    sees them before it decides how to read them
+    (``spark_event_time.pack_event_time_input``): the schema, session and
+    streaming flag come without a read plan, :meth:`packed` builds the read
+    whose line task packs for the window; otherwise :func:`lower` builds
+    ``top``'s rows (docs/runtime.md, "Packing in the line task")."""
+
+    def __init__(self, top: Node, reader, chain: list, line_columns: tuple, schema):
+        #: the node whose rows these are
+        self.top = top
+        self._reader, self._chain = reader, chain
+        self.line_columns, self.schema = line_columns, schema
+
+    @property
+    def data_schema(self):
+        from pyspark.sql.types import StructType
+        return StructType([f for f in self.schema.fields if f.name != METRICS_COL])
+
+    @property
+    def columns(self) -> list:
+        return self.schema.fieldNames()
+
+    @property
+    def isStreaming(self) -> bool:
+        return bool(self._reader.streaming)
+
+    @property
+    def sparkSession(self):
+        return self._reader.spark
+
+    def packed(self, packer):
+        """The reader's rows whose line task packs with ``packer``
+        (``ReadResult.packed_rows``) through the projections (computed by
+        Spark on the rows the line task did not pack), or None when the
+        read packs nothing or its columns are not the expected ones."""
+        from ..model import PACKED_GROUP_COL, PACKED_ROWS_COL
+        df = self._reader.packed_rows(packer)
+        if df is None:
+            return None
+        extra = (PACKED_GROUP_COL, PACKED_ROWS_COL)
+        for node in self._chain:
+            df = _projection(node, df, extra)
+        got = [(f.name, f.dataType) for f in df.schema.fields if f.name not in extra]
+        return df if got == [(f.name, f.dataType) for f in self.schema.fields] else None
+
+
+def _line_window_source(node: Node) -> Optional[_LineWindowSource]:
+    """``node`` (a watermark's input) as a :class:`_LineWindowSource` when it
+    is a reader's rows as they are, through projections whose every column
+    is a reader's column or a function of one that the line task computes
+    as Spark does (``runtime.line_columns``), of types whose Arrow form is
+    the same in the line task and in Spark; else None (Spark's path)."""
+    from pyspark.sql import types as T
+    from ..runtime.line_columns import TIMESTAMP_FUNCTIONS, LineColumn
+    top, chain = node, []
+    while isinstance(node, Project):
+        chain.append(node)
+        node = node.input
+    if not isinstance(node, Source) or node.reader is None or \
+            not callable(getattr(node.reader, "packed_rows", None)):
+        return None
+    reader = node.reader
+    frame = lower(node).frame
+    if frame is not reader and not (getattr(reader, "built", True) and frame is reader.rows):
+        return None
+    reader_schema = reader.schema
+    types = {f.name: f.dataType for f in reader_schema.fields}
+    columns = {c: LineColumn(c, c) for c in node.traits.columns}
+    for proj in reversed(chain):
+        below, columns = columns, {}
+        for it in proj.items:
+            e = expressions.split_alias(it.expr)[0] if it.column is None and it.expr is not None else None
+            if isinstance(e, exp.Column) and not e.table and e.name in below:
+                columns[it.name] = dataclasses.replace(below[e.name], name=it.name)
+            elif isinstance(e, exp.Anonymous) and e.name.lower() in TIMESTAMP_FUNCTIONS and \
+                    len(e.expressions) == 1 and isinstance(e.expressions[0], exp.Column) and \
+                    not e.expressions[0].table and below.get(e.expressions[0].name) is not None and \
+                    below[e.expressions[0].name].function is None:
+                columns[it.name] = LineColumn(it.name, below[e.expressions[0].name].source, e.name.lower())
+            else:
+                return None
+    simple = (T.BooleanType, T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.DoubleType, T.StringType)
+    fields = []
+    for c in columns.values():
+        source_type = types.get(c.source)
+        if not isinstance(source_type, simple):
+            return None
+        if c.function is None:
+            fields.append(T.StructField(c.name, source_type))
+        elif isinstance(source_type, (T.ByteType, T.ShortType, T.IntegerType, T.LongType)):
+            fields.append(T.StructField(c.name, T.TimestampType()))
+        else:
+            return None
+    rest = [reader_schema[c] for c in (KIND_COL, SEQ_COL, METRICS_COL) if c in types]
+    return _LineWindowSource(top, reader, chain[::-1], tuple(columns.values()), T.StructType(fields + rest))
 
 
 def _with_window_time(df, columns: tuple):
@@ -464,8 +572,13 @@ def spark_column(item):
 
 
 def _project(node: Project, inp: Lowered) -> Lowered:
+    return dataclasses.replace(inp, frame=_projection(node, inp.df))
+
+
+def _projection(node: Project, df, extra: tuple = ()):
+    """``df`` projected by ``node`` (side rows keep null data columns);
+    ``extra``: columns of ``df`` passed on after the others as they are."""
     from pyspark.sql import functions as F
-    df = inp.df
     keep_side_rows = METRICS_COL in df.columns
     is_data = F.col(KIND_COL) != F.lit(METRICS_KIND)
     cols = []
@@ -473,7 +586,7 @@ def _project(node: Project, inp: Lowered) -> Lowered:
         e = spark_column(item)
         cols.append((F.when(is_data, e) if keep_side_rows else e).alias(item.name))
     cols += [F.col(KIND_COL), F.col(SEQ_COL)] + ([F.col(METRICS_COL)] if keep_side_rows else [])
-    return dataclasses.replace(inp, frame=df.select(*cols))
+    return df.select(*cols, *(F.col(c) for c in extra))
 
 
 def _filter(node: Filter, inp: Lowered) -> Lowered:

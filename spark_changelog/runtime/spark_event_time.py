@@ -35,9 +35,10 @@ from typing import Iterator, Optional
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.types import StringType, StructField, StructType
 
-from ..model import KIND_COL, METRICS_COL, METRICS_KIND
+from ..model import KIND_COL, METRICS_COL, METRICS_KIND, PACKED_GROUP_COL, PACKED_ROWS_COL, SEQ_COL
 from ..model.partitioning import spread_group_ids
 from ..model.source_watermarks import is_watermark_payload, watermark_progress
 from ..model.partition_watermarks import (FILE_PARTITIONS, EventTimeSpec,
@@ -46,6 +47,7 @@ from ..model.watermark import NO_WATERMARK
 from ..model.windows import WindowAssigner, assign_windows
 from ..operators.base import KeyedOperator
 from .arrow_packing import PACKED_COL, conform, pack, packed_batch, packed_schema, unpack
+from .line_columns import computable, project
 from .source_watermarks import watermark_rows
 from .event_time import batch_progress, run_event_time_batch
 from .state_runs import RunStack, run_schema
@@ -92,6 +94,27 @@ def _key_groups_of(table: pa.Table, key, key_groups: int) -> np.ndarray:
     return (h % np.uint64(key_groups)).astype(np.int32)
 
 
+def _pack_by_key_group(data: pa.Table, key, key_groups: int, every: Optional[pa.Table] = None
+                       ) -> list[tuple[int, bytes]]:
+    """(key group id, packed rows) of ``data``'s rows per key group, in
+    input order (the operator sorts by key and ``_seq`` itself); with
+    ``every`` (the progress summary), one pair for every key group, also
+    one without rows, each holding ``every``'s rows after its own."""
+    kg = _key_groups_of(data, key, key_groups)
+    order = np.argsort(kg, kind="stable")
+    bounds = np.searchsorted(kg[order], np.arange(key_groups + 1))
+    # one gather of the whole table (its chunks combined first: a take over
+    # many chunks was the pass's largest cost), then a zero-copy slice per group
+    data = data.combine_chunks().take(pa.array(order))
+    out = []
+    for g, group_id in enumerate(spread_group_ids(key_groups)):
+        if every is None and bounds[g] == bounds[g + 1]:
+            continue
+        rows = data.slice(bounds[g], bounds[g + 1] - bounds[g])
+        out.append((group_id, pack(rows if every is None else pa.concat_tables([rows, every]))))
+    return out
+
+
 def _watermark_rows(side: pa.Table) -> Optional[pd.DataFrame]:
     """The watermark rows among the side rows, as a progress table (None: none)."""
     payloads = [json.loads(m) if m else {} for m in side.column(METRICS_COL).to_pylist()]
@@ -116,6 +139,8 @@ def _project_and_pack(spec: EventTimeSpec, column: str, assigner: Optional[Windo
 
     def fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         pieces, data_parts, side_parts = [], [], []
+        #: the line task's packed data rows: (key group ids, blobs) arrays, passed on
+        line_packed = []
         now = None
         for rb in batches:
             t = pa.Table.from_batches([rb])
@@ -123,6 +148,16 @@ def _project_and_pack(spec: EventTimeSpec, column: str, assigner: Optional[Windo
                 continue
             if now is None:
                 now = t.column(NOW_COL)[0]
+            if PACKED_ROWS_COL in t.column_names:
+                t, line_sides = _take_line_packed(t, line_packed)
+                if line_sides is not None:
+                    # the line task's watermark rows: side rows like the others
+                    progress = _watermark_rows(line_sides)
+                    if progress is not None:
+                        pieces.append(progress)
+                    side_parts.append(line_sides)
+                if not t.num_rows:
+                    continue
             kinds = t.column(KIND_COL).to_numpy(zero_copy_only=False)
             side = kinds == METRICS_KIND
             data = t.filter(pa.array(~side)) if side.any() else t
@@ -147,7 +182,7 @@ def _project_and_pack(spec: EventTimeSpec, column: str, assigner: Optional[Windo
         packed = []
         if side_parts:
             packed.append((METRICS_GROUP, pack(pa.concat_tables(side_parts))))
-        if pieces or data_parts:
+        if pieces or data_parts or line_packed:
             prog = (pd.concat(pieces, ignore_index=True) if pieces else
                     pd.DataFrame({"partition": pd.Series([], dtype=object),
                                   "progress": np.zeros(0, dtype=np.int64)}))
@@ -167,20 +202,75 @@ def _project_and_pack(spec: EventTimeSpec, column: str, assigner: Optional[Windo
                     cols[f.name] = pa.nulls(n, f.type)
             summary = pa.table(cols, schema=row_schema)
             data = pa.concat_tables(data_parts) if data_parts else row_schema.empty_table()
-            kg = _key_groups_of(data, key, key_groups)
-            # rows of one group together, in input order (the operator sorts by
-            # key and _seq itself)
-            order = np.argsort(kg, kind="stable")
-            bounds = np.searchsorted(kg[order], np.arange(key_groups + 1))
-            for g, group_id in enumerate(spread_group_ids(key_groups)):
-                rows = data.take(pa.array(order[bounds[g]:bounds[g + 1]]))
-                # every key group gets the summary, also one without rows: it
-                # may have windows to fire
-                packed.append((group_id, pack(pa.concat_tables([rows, summary]))))
-        if packed:
-            yield packed_batch(packed, KEY_GROUP_COL)
+            # every key group gets the summary, also one without rows: it may
+            # have windows to fire
+            packed += _pack_by_key_group(data, key, key_groups, every=summary)
+        if packed or line_packed:
+            out = packed_batch(packed, KEY_GROUP_COL)
+            yield pa.record_batch([pa.concat_arrays([out.column(0)] + [g for g, _ in line_packed]),
+                                   pa.concat_arrays([out.column(1)] + [b for _, b in line_packed])],
+                                  schema=out.schema)
 
     return fn
+
+
+def _take_line_packed(t: pa.Table, line_packed: list) -> tuple[pa.Table, Optional[pa.Table]]:
+    """``t``'s rows the line task packed (:class:`WindowLinePacker`) taken
+    out: each key group's data rows appended to ``line_packed`` as they are
+    ((ids, blobs) Arrow arrays: no Python object per blob), its watermark
+    rows (packed in :data:`METRICS_GROUP`) unpacked and returned.  Returns
+    (the other rows without the packed columns, the watermark rows or None)."""
+    is_packed = t.column(PACKED_ROWS_COL).is_valid()
+    rest = t.filter(pc.invert(is_packed)).drop_columns([PACKED_GROUP_COL, PACKED_ROWS_COL])
+    done = t.filter(is_packed).select([PACKED_GROUP_COL, PACKED_ROWS_COL]).combine_chunks()
+    if not done.num_rows:
+        return rest, None
+    groups = done.column(0).chunk(0).cast(pa.int32())
+    blobs = done.column(1).chunk(0).cast(pa.binary())
+    side = pc.equal(groups, METRICS_GROUP)
+    line_packed.append((groups.filter(pc.invert(side)), blobs.filter(pc.invert(side))))
+    side_blobs = blobs.filter(side).to_pylist()
+    return rest, (unpack(side_blobs) if side_blobs else None)
+
+
+class WindowLinePacker:
+    """What a reader's line task calls on the rows it finishes when a window
+    reads the source's watermark with nothing but projections the line task
+    computes between them (docs/runtime.md, "Packing in the line task";
+    ``ReadResult.packed_rows``, ``debezium_arrow.PackingParser``): it does
+    the work of :func:`_project_and_pack` on them.  It computes the
+    projection's columns (``columns``, :mod:`.line_columns`), the source's
+    watermark rows over them (``generate``: generator, source, as
+    :func:`~.source_watermarks.watermark_rows` does per piece), the windows
+    (``assigner`` on ``column``), and packs each key group's rows
+    (``row_schema``, the packing pass's), the watermark rows in
+    :data:`METRICS_GROUP`.  The packing pass passes the data blobs on and
+    reads the watermark rows as it reads the ones it receives; every key
+    group's progress summary it adds itself (it carries the batch's time).
+    :meth:`leaves` names the rows Spark computes instead: those whose
+    computed column Spark would fail on."""
+
+    def __init__(self, columns: tuple, generate: tuple, column: str, assigner: WindowAssigner,
+                 key, key_groups: int, row_schema: pa.Schema):
+        self.columns, self.generate, self.column, self.assigner = columns, generate, column, assigner
+        self.key, self.key_groups, self.row_schema = tuple(key), key_groups, row_schema
+
+    def leaves(self, rows: pa.Table) -> np.ndarray:
+        """Per finished row (the reader's columns, ``_kind``, ``_seq``),
+        whether it is left to Spark's path."""
+        return ~computable(self.columns, rows)
+
+    def __call__(self, rows: pa.Table) -> list[tuple[int, bytes]]:
+        values = project(self.columns, rows)
+        values[KIND_COL], values[SEQ_COL] = rows.column(KIND_COL), rows.column(SEQ_COL)
+        data = pa.table(values)
+        generator, source = self.generate
+        marks = watermark_rows(data, generator, source, None, self.row_schema)
+        windowed = conform(assign_windows(data, self.column, self.assigner), self.row_schema)
+        pairs = _pack_by_key_group(windowed, self.key, self.key_groups)
+        if marks is not None:
+            pairs.append((METRICS_GROUP, pack(pa.Table.from_batches([marks]))))
+        return pairs
 
 
 class EventTimeKeyGroupProcessor(KeyGroupProcessor):
@@ -272,15 +362,52 @@ def project_windows(df, column: str, assigner: WindowAssigner):
     return df.mapInArrow(fn, spark_schema(out_schema))
 
 
+def _row_schema(schema, spec: EventTimeSpec, assigner: Optional[WindowAssigner],
+                generate: Optional[tuple]) -> pa.Schema:
+    """The packed rows' schema (every field nullable) of an input of Spark
+    schema ``schema``: its columns (plus ``_metrics`` when the pass
+    generates watermark rows), the windows' bounds before ``_kind``, the
+    batch time, the source partition and the progress."""
+    fields = list(operator_schema_of(schema))
+    if generate is not None and METRICS_COL not in schema.fieldNames():
+        fields.append(pa.field(METRICS_COL, pa.string()))
+    fields += [pa.field(NOW_COL, pa.timestamp("us", tz="UTC")), pa.field(PART_COL, pa.string()),
+               pa.field(PROGRESS_COL, pa.int64())]
+    if assigner is not None:
+        ts = pa.timestamp("us", tz="UTC")
+        pos = [f.name for f in fields].index(KIND_COL)
+        fields[pos:pos] = [pa.field("window_start", ts), pa.field("window_end", ts)]
+    return pa.schema(fields)
+
+
 def pack_event_time_input(df, spec: EventTimeSpec, key, key_groups: int,
                           assigner: Optional[WindowAssigner] = None, from_source: bool = False,
-                          generate: Optional[tuple] = None):
+                          generate: Optional[tuple] = None, line_packing: Optional[tuple] = None):
     """Step 1 of the module docstring: ``df`` with the batch time and source
     partition added, windows assigned and each key group's rows plus the
     progress summary packed (:func:`_project_and_pack`; ``generate``: the
-    source's watermark rows are generated there too).  Returns (packed
-    DataFrame: ``_kg``, ``rows``; the names of the packed rows' columns)."""
+    source's watermark rows are generated there too).  ``line_packing``:
+    (columns, packed source, rows) when ``df`` is a reader's rows through
+    projections its line task computes (``columns``, :mod:`.line_columns`);
+    ``df`` is then read for its schema only.  The packed source takes a
+    :class:`WindowLinePacker` and returns the same rows but those the line
+    task packed, which leave it packed (or None: the reader packs nothing);
+    ``rows()`` builds ``df``'s rows otherwise.  Returns (packed DataFrame:
+    ``_kg``, ``rows``; the names of the packed rows' columns)."""
     from pyspark.sql import functions as F
+    from pyspark.sql.types import StructType
+    if line_packing is not None:
+        columns, packed_source, rows = line_packing
+        line_packed = None
+        if generate is not None and assigner is not None and spec.partition is None \
+                and generate[2] is None:
+            packer = WindowLinePacker(columns, generate[:2], spec.column, assigner, key, key_groups,
+                                      _row_schema(df.schema, spec, assigner, generate))
+            line_packed = packed_source(packer)
+        df = line_packed if line_packed is not None else rows()
+    row_schema = _row_schema(StructType([f for f in df.schema.fields
+                                         if f.name not in (PACKED_GROUP_COL, PACKED_ROWS_COL)]),
+                             spec, assigner, generate)
     if generate is not None and METRICS_COL not in df.columns:
         # the column the watermark rows travel in, as runtime.source_watermarks adds it
         df = df.withColumn(METRICS_COL, F.lit(None).cast("string"))
@@ -292,17 +419,6 @@ def pack_event_time_input(df, spec: EventTimeSpec, key, key_groups: int,
     elif spec.partition is not None:
         src = src.withColumn(PART_COL, F.col(f"`{spec.partition}`").cast("string"))
     # (one source partition: no column, the Arrow pass knows)
-    in_schema = operator_schema_of(src)
-    fields = [f for f in in_schema if f.name != PART_COL]
-    fields += [pa.field(PART_COL, pa.string()), pa.field(PROGRESS_COL, pa.int64())]
-    if assigner is not None:
-        ts = pa.timestamp("us", tz="UTC")
-        pos = [f.name for f in fields].index(KIND_COL)
-        fields[pos:pos] = [pa.field("window_start", ts), pa.field("window_end", ts)]
-    row_schema = pa.schema(fields)
-    if generate is not None:
-        # side rows hold nulls in every data column (the watermark pass's schema)
-        row_schema = pa.schema([f.with_nullable(True) for f in row_schema])
     # the packed rows' columns (the processor drops the helpers)
     columns = [f.name for f in row_schema]
     packed = src.mapInArrow(_project_and_pack(spec, spec.column, assigner, key,
@@ -315,7 +431,7 @@ def apply_event_time(df, operator: KeyedOperator, spec: EventTimeSpec, *,
                      assigner: Optional[WindowAssigner] = None,
                      key_groups: Optional[int] = None, growth: float = 1.0,
                      max_runs: int = 8, from_source: bool = False,
-                     generate: Optional[tuple] = None):
+                     generate: Optional[tuple] = None, line_packing: Optional[tuple] = None):
     """The event-time operator's output (plus metric rows) as a DataFrame:
     the window projection (``assigner`` on ``spec.column``) and the operator,
     streaming with our own watermarks, or batch with the end of input.
@@ -326,7 +442,9 @@ def apply_event_time(df, operator: KeyedOperator, spec: EventTimeSpec, *,
     the source's rows without their watermark rows, which the packing pass
     generates ((generator, source name, partition column), as
     ``source_watermarks.generate_watermarks`` takes them): one Arrow pass
-    over the rows instead of two.
+    over the rows instead of two.  ``line_packing``: the reader's line task
+    does that pass's work on the rows it finishes
+    (:func:`pack_event_time_input`).
 
     ``key_groups`` (default :data:`EVENT_TIME_KEY_GROUPS`) is fixed for the
     life of a checkpoint.  Rows cross to the Python step packed per key
@@ -335,7 +453,7 @@ def apply_event_time(df, operator: KeyedOperator, spec: EventTimeSpec, *,
     if key_groups is None:
         key_groups = EVENT_TIME_KEY_GROUPS
     packed, columns = pack_event_time_input(df, spec, operator.key, key_groups, assigner,
-                                            from_source, generate)
+                                            from_source, generate, line_packing)
     out_schema = spark_schema(output_schema_with_metrics(operator))
     time_zone = df.sparkSession.conf.get("spark.sql.session.timeZone")
     grouped = packed.groupBy(KEY_GROUP_COL)
@@ -365,4 +483,5 @@ def apply_event_time(df, operator: KeyedOperator, spec: EventTimeSpec, *,
     return grouped.applyInArrow(run_group, schema=out_schema)
 
 
-__all__ = ["apply_event_time", "pack_event_time_input", "project_windows", "EventTimeKeyGroupProcessor", "PROGRESS_KIND"]
+__all__ = ["apply_event_time", "pack_event_time_input", "project_windows", "EventTimeKeyGroupProcessor",
+           "WindowLinePacker", "PROGRESS_KIND"]
