@@ -272,12 +272,13 @@ def _window_aggregate(node: WindowAggregate) -> Lowered:
         if tvf.from_source:
             wm = tvf.input
             generate = (wm.strategy, wm.source_name, wm.partition)
-            if wm.partition is None and (group_keys or not tvf.window.merging):
+            # sessions (merged per key in the operator) keep Spark's path
+            if wm.partition is None and not tvf.window.merging:
                 line = _line_window_source(wm.input)
         inp = lower(tvf.input.input) if line is None else line
     else:
         inp = lower(tvf.input)
-    if tvf.window.merging and line is None:   # sessions merge per key: the operator's key is the group keys
+    if tvf.window.merging:   # sessions merge per key: the operator's key is the group keys
         inp, group_keys = _keyed_input(inp, group_keys)
     data = operator_schema_of(inp.data_schema)
     ts = pa.timestamp("us", tz="UTC")
