@@ -153,3 +153,35 @@ def test_a_checkpoint_moves_between_hadoops_default_and_the_raw_file_system(spar
     _assert_exact(tmp_path)
     report = check_checkpoint(str(tmp_path / "ck"), spark)
     assert report.ok, report.summary()
+
+
+def test_our_checksum_files_are_hadoops():
+    """Every .crc Hadoop wrote in the fixture checkpoint is byte for byte
+    what hadoop_checksum writes for its file."""
+    from spark_changelog.runtime.checkpoint import hadoop_checksum
+    from test_old_checkpoints import FIXTURE
+    crcs = list(FIXTURE.rglob(".*.crc"))
+    assert len(crcs) > 10
+    for crc in crcs:
+        data = (crc.parent / crc.name[1:-4]).read_bytes()
+        assert hadoop_checksum(data) == crc.read_bytes(), crc
+
+
+def test_seal_writes_missing_checksums_and_drops_those_of_purged_logs(tmp_path):
+    from spark_changelog.runtime.checkpoint import seal_logs, verify_logs
+    q = tmp_path / "main"
+    (q / "offsets").mkdir(parents=True)
+    (q / "commits").mkdir()
+    for i in (0, 1):
+        (q / "offsets" / str(i)).write_text('v1\n{"batchWatermarkMs":0}\n{"logOffset":%d}' % i)
+        (q / "commits" / str(i)).write_text('v1\n{"nextBatchWatermarkMs":0}')
+    (q / "offsets" / ".2.5f3899b4-1c2b-4d16-8674-b9ed1ced50eb.tmp").write_text("half")
+    seal_logs(str(q))
+    assert _crc_files(q) == ["commits/.0.crc", "commits/.1.crc", "offsets/.0.crc", "offsets/.1.crc"]
+    verify_logs(str(q), "ck")
+    os.remove(q / "offsets" / "0")             # Spark purged batch 0
+    seal_logs(str(q))
+    assert _crc_files(q) == ["commits/.0.crc", "commits/.1.crc", "offsets/.1.crc"]
+    (q / "commits" / "1").write_text('v1\n{"nextBatchWatermarkMs":9}')
+    with pytest.raises(DamagedCheckpoint, match="commits/1: it does not match its checksum file .1.crc"):
+        verify_logs(str(q), "ck")
