@@ -135,7 +135,9 @@ def _project_and_pack(spec: EventTimeSpec, column: str, assigner: Optional[Windo
     watermarks, as Flink forwards them.  ``generate``: (generator, source,
     partition column) of the source's watermark, whose rows this pass
     generates itself, piece by piece as ``runtime.source_watermarks`` does
-    (the window reads the source's rows with no step in between)."""
+    (the window reads the source's rows with no step in between).  Rows a
+    reader's line task packed (:class:`WindowLinePacker`) pass on as they
+    are; their watermark rows count as received ones."""
 
     def fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         pieces, data_parts, side_parts = [], [], []
@@ -155,7 +157,7 @@ def _project_and_pack(spec: EventTimeSpec, column: str, assigner: Optional[Windo
                     progress = _watermark_rows(line_sides)
                     if progress is not None:
                         pieces.append(progress)
-                    side_parts.append(line_sides)
+                    side_parts.append(conform(line_sides, row_schema))
                 if not t.num_rows:
                     continue
             kinds = t.column(KIND_COL).to_numpy(zero_copy_only=False)
