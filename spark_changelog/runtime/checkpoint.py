@@ -197,6 +197,33 @@ def state_operators(q: str) -> dict:
     return out
 
 
+def state_variables(op_dir: str) -> list:
+    """The state variables a ``transformWithState`` operator declared (its
+    operator metadata); empty when it has none."""
+    for meta in log_ids(os.path.join(op_dir, "_metadata", "v2")):
+        with open(os.path.join(op_dir, "_metadata", "v2", str(meta)), encoding="utf-8") as fh:
+            for line in fh:
+                if "operatorPropertiesJson" in line:
+                    props = json.loads(json.loads(line)["operatorPropertiesJson"])
+                    return [v["stateName"] for v in props.get("stateVariables", [])]
+    return []
+
+
+_META_VAR = re.compile(r"meta(\d*)")
+
+
+def keyed_state_pairs(op_dir: str) -> list[tuple[str, str]]:
+    """The ``(meta, runs)`` variable pairs of a keyed step's state, in link
+    order: one for an operator, one per link of a chain of keyed operators
+    (``meta``, ``runs``, then ``meta1``, ``runs1``, ...:
+    ``key_group_processor.chain_variables``); ``[("meta", "runs")]`` when
+    the operator metadata does not list them."""
+    names = state_variables(op_dir)
+    links = sorted(int(m.group(1) or 0) for n in names if (m := _META_VAR.fullmatch(n))
+                   and f"runs{m.group(1)}" in names)
+    return [(f"meta{i or ''}", f"runs{i or ''}") for i in links] or [("meta", "runs")]
+
+
 def _operator_name(op_dir: str) -> Optional[str]:
     for meta in (os.path.join(op_dir, "_metadata", "v2", "0"), os.path.join(op_dir, "_metadata", "metadata")):
         try:
@@ -238,42 +265,49 @@ def _check_state_files(q: str, name: str, last: Optional[int], findings: list) -
 
 def _check_keyed_state(spark, q: str, name: str, last: Optional[int], findings: list) -> None:
     """The keyed operators' state (``meta`` and ``runs`` of
-    ``runtime/spark_keyed.py``) read through Spark's state data source:
-    every run a key group lists is stored and decodes."""
+    ``runtime/spark_keyed.py``, a pair per link of a chained step) read
+    through Spark's state data source: every run a key group lists is
+    stored and decodes."""
     if last is None:
         return
     for op, (op_name, _) in state_operators(q).items():
         if op_name is None or "transformWithState" not in op_name:
             continue
-        try:
-            meta = (spark.read.format("statestore").option("operatorId", op)
-                    .option("stateVarName", "meta").option("batchId", last).load(q).toPandas())
-        except Exception as e:   # a variable this operator does not have, or unreadable state
-            text = str(e).split("\n")[0]
-            if "meta" in text and ("STATE_VAR" in text or "not found" in text.lower()):
-                continue
-            findings.append(Finding(name, True, f"state of operator {op} ({op_name}) after batch {last} "
-                                                f"cannot be read: {text}"))
-            continue
-        if meta.empty:
-            continue
-        runs = (spark.read.format("statestore").option("operatorId", op)
-                .option("stateVarName", "runs").option("batchId", last).load(q).toPandas())
-        stored = {}
-        for _, r in runs.iterrows():
-            stored[(int(r["key"]["_kg"]), r["user_map_key"]["run_id"])] = r["user_map_value"]["blob"]
-        for _, r in meta.iterrows():
-            group = int(r["key"]["_kg"])
-            listed = json.loads(r["value"]["run_ids"])
-            ids = listed if isinstance(listed, list) else listed["runs"]
-            operator = (listed.get("operator") if isinstance(listed, dict) else None) or op_name
-            for rid in ids:
-                blob = stored.get((group, rid))
-                problem = "is listed but missing" if blob is None else _undecodable(blob)
-                if problem:
-                    findings.append(Finding(name, True, (
-                        f"state of operator {op} ({operator}), key group {group}, after batch {last}: "
-                        f"state run {rid} {problem}")))
+        for meta_var, runs_var in keyed_state_pairs(os.path.join(q, "state", str(op))):
+            _check_keyed_pair(spark, q, name, last, op, op_name, meta_var, runs_var, findings)
+
+
+def _check_keyed_pair(spark, q: str, name: str, last: int, op: int, op_name: str, meta_var: str,
+                      runs_var: str, findings: list) -> None:
+    try:
+        meta = (spark.read.format("statestore").option("operatorId", op)
+                .option("stateVarName", meta_var).option("batchId", last).load(q).toPandas())
+    except Exception as e:   # a variable this operator does not have, or unreadable state
+        text = str(e).split("\n")[0]
+        if meta_var in text and ("STATE_VAR" in text or "not found" in text.lower()):
+            return
+        findings.append(Finding(name, True, f"state of operator {op} ({op_name}) after batch {last} "
+                                            f"cannot be read: {text}"))
+        return
+    if meta.empty:
+        return
+    runs = (spark.read.format("statestore").option("operatorId", op)
+            .option("stateVarName", runs_var).option("batchId", last).load(q).toPandas())
+    stored = {}
+    for _, r in runs.iterrows():
+        stored[(int(r["key"]["_kg"]), r["user_map_key"]["run_id"])] = r["user_map_value"]["blob"]
+    for _, r in meta.iterrows():
+        group = int(r["key"]["_kg"])
+        listed = json.loads(r["value"]["run_ids"])
+        ids = listed if isinstance(listed, list) else listed["runs"]
+        operator = (listed.get("operator") if isinstance(listed, dict) else None) or op_name
+        for rid in ids:
+            blob = stored.get((group, rid))
+            problem = "is listed but missing" if blob is None else _undecodable(blob)
+            if problem:
+                findings.append(Finding(name, True, (
+                    f"state of operator {op} ({operator}), key group {group}, after batch {last}: "
+                    f"state run {rid} {problem}")))
 
 
 def _undecodable(blob) -> Optional[str]:

@@ -62,6 +62,8 @@ class KeyGroupProcessor(StatefulProcessor):
         self.time_zone = time_zone
         self.growth = growth
         self.max_runs = max_runs
+        #: each link's runs' Arrow schema, from its operator: made when a task first saves
+        self._run_schemas: dict = {}
 
     def __getstate__(self) -> dict:
         return dict(self.__dict__, _unpickled=None)
@@ -81,22 +83,25 @@ class KeyGroupProcessor(StatefulProcessor):
         self.handle = handle
         self.meta = handle.getValueState("meta", META_SCHEMA)
         self.runs = handle.getMapState("runs", RUN_ID_SCHEMA, BLOB_SCHEMA)
-        #: the runs' Arrow schema, from the operator: set when a task first saves
-        self.schema = None
 
     # -- state: load and save the key group's run stack -------------------------
-    def _load(self, key) -> tuple:
+    def _link(self, link: int) -> tuple:
+        """(operator, ``meta`` variable, ``runs`` variable) of a link of the
+        key group's step: this processor has one, its operator."""
+        return self.operator, self.meta, self.runs
+
+    def _load(self, key, link: int = 0) -> tuple:
         from .checkpoint import damaged_state
         from .state_runs import RunStack, load_run
-        op = self.operator
-        meta = self.meta.get()   # None when absent (no exists() round trip)
-        run_ids = self._run_ids(json.loads(meta[0])) if meta else []
+        op, meta_var, runs_var = self._link(link)
+        meta = meta_var.get()   # None when absent (no exists() round trip)
+        run_ids = self._run_ids(json.loads(meta[0]), op) if meta else []
         next_seq = int(meta[1]) if meta else 0
         loaded = []
         misses = 0
         for rid in run_ids:
             def read_blob(rid=rid):
-                blob = self.runs.getValue((rid,))
+                blob = runs_var.getValue((rid,))
                 if blob is None:
                     raise damaged_state(op.name, int(key[0]), f"state run {rid} is missing")
                 return bytes(blob[0])
@@ -106,17 +111,18 @@ class KeyGroupProcessor(StatefulProcessor):
         stack = RunStack(op.key, loaded, growth=self.growth, max_runs=self.max_runs)
         return stack, run_ids, next_seq, misses
 
-    def _run_ids(self, stored) -> list:
-        """The run ids of ``meta``: ``{"runs": [...], "key_groups": G,
-        "key_group_ids": layout}`` (no layout: the plain ids, written before
-        it was kept), or a bare list (written before the count was kept: not
-        checked)."""
+    def _run_ids(self, stored, operator=None) -> list:
+        """The run ids of ``meta`` (of ``operator``, by default this
+        processor's): ``{"runs": [...], "key_groups": G, "key_group_ids":
+        layout}`` (no layout: the plain ids, written before it was kept), or
+        a bare list (written before the count was kept: not checked)."""
+        operator = operator or self.operator
         if isinstance(stored, list):
             return stored
         written_with = stored.get("key_groups")
         if self.key_groups is not None and written_with is not None and written_with != self.key_groups:
             raise RuntimeError(
-                f"{self.operator.name}: the checkpoint's state was written with {written_with} key groups "
+                f"{operator.name}: the checkpoint's state was written with {written_with} key groups "
                 f"and the query now runs with {self.key_groups}; a key's state is found by its key group, "
                 f"so it cannot be read with another count: run with key groups = {written_with} "
                 "(--key-groups, key_groups=), or start from a new checkpoint")
@@ -126,41 +132,46 @@ class KeyGroupProcessor(StatefulProcessor):
             if ids != self.id_layout:
                 # another group's state would be read, or none
                 raise RuntimeError(
-                    f"{self.operator.name}: the checkpoint's state was written with {ids} key-group ids "
+                    f"{operator.name}: the checkpoint's state was written with {ids} key-group ids "
                     f"and the query now runs with {self.id_layout} ids; the checkpoint's "
                     "plan-fingerprint.json records the layout (key_group_ids): restore it, or "
                     "start from a new checkpoint")
         return stored["runs"]
 
-    def _save(self, stack, run_ids: list, next_seq: int, key) -> int:
+    def _save(self, stack, run_ids: list, next_seq: int, key, link: int = 0) -> int:
         from .keyed_rows import operator_instance
         from .state_runs import drop_run, keep_run, name_new_runs, run_schema
-        if self.schema is None:
-            self.schema = run_schema(self.operator.state_schema)
+        op, meta_var, runs_var = self._link(link)
+        schemas = self._run_schemas
+        if link not in schemas:
+            schemas[link] = run_schema(op.state_schema)
         before = set(run_ids)
-        scope = f"{operator_instance(self.operator)}/{self.operator.name}/{int(key[0])}"
-        blobs = name_new_runs(stack.runs, scope, self.schema)
+        scope = f"{operator_instance(op)}/{op.name}/{int(key[0])}"
+        blobs = name_new_runs(stack.runs, scope, schemas[link])
         after = [r.id for r in stack.runs]
         written = 0
         for run in stack.runs:
             if run.id not in before:
-                self.runs.updateValue((run.id,), (blobs[run.id],))
-                keep_run(run, self.operator.key)
+                runs_var.updateValue((run.id,), (blobs[run.id],))
+                keep_run(run, op.key)
                 written += run.size
         # in the order of the stored list, never a set's (hash-seeded per
         # process): a replay writes the same state file, byte for byte
         kept = set(after)
         for rid in (r for r in run_ids if r not in kept):
-            self.runs.removeKey((rid,))
+            runs_var.removeKey((rid,))
             drop_run(rid)
         # the count and the key: what a rescale needs to regroup the state
         # (runtime/rescale.py) without the query's plan
-        stored = {"runs": after, "key_groups": self.key_groups, "operator": self.operator.name,
-                  "key": list(self.operator.key)}
-        if self.id_layout is not None:
-            stored["key_group_ids"] = self.id_layout
-        self.meta.update((json.dumps(stored), int(next_seq)))
+        stored = {"runs": after, "key_groups": self.key_groups, "operator": op.name,
+                  "key": list(op.key)}
+        stored.update(self._layout_of(link))
+        meta_var.update((json.dumps(stored), int(next_seq)))
         return written
+
+    def _layout_of(self, link: int) -> dict:
+        """What ``meta`` records of the state's layout besides the count."""
+        return {} if self.id_layout is None else {"key_group_ids": self.id_layout}
 
     def _context(self, timerValues, next_seq: int):
         from ..operators.base import OpContext
@@ -177,24 +188,38 @@ class KeyGroupProcessor(StatefulProcessor):
         blobs = [b for frame in rows for b in frame.iloc[:, -1]]
         return arrow_input(unpack(blobs), self.columns, self.time_zone)
 
+    @property
+    def output_operator(self):
+        """The operator whose output the step emits."""
+        return self.operator
+
+    def _process(self, key, rows, timerValues) -> tuple:
+        """(output, the side rows passed on before it, context, counters'
+        extra) of the key group's batch; the context is None when no data
+        row came (nothing ran)."""
+        from .keygroup import process_key_group
+        from .keyed_rows import split_upstream_metrics
+        op = self.operator
+        pdf, passed = split_upstream_metrics(self._unpacked(rows), op)
+        if pdf.empty:
+            return None, passed, None, None
+        t0 = time.perf_counter()
+        stack, run_ids, next_seq, misses = self._load(key)
+        ctx = self._context(timerValues, next_seq)
+        out = process_key_group(op, stack, pdf, ctx)
+        written = self._save(stack, run_ids, ctx.next_seq, key)
+        extra = {"state_rows": stack.size, "key_group": int(key[0]), "runs": len(stack.runs),
+                 "rows_written": written, "cache_misses": misses, "seconds": time.perf_counter() - t0}
+        return out, passed, ctx, extra
+
     def handleInputRows(self, key, rows, timerValues) -> Iterator:
         import numpy as np
         import pandas as pd
 
         from ..model import KIND_COL, PACKED_GROUP_COL, PACKED_KIND, PACKED_ROWS_COL
-        from .keygroup import process_key_group
-        from .keyed_rows import arrow_output, split_upstream_metrics, with_metrics
-        op = self.operator
-        pdf, passed = split_upstream_metrics(self._unpacked(rows), op)
-        out = ctx = extra = None
-        if not pdf.empty:
-            t0 = time.perf_counter()
-            stack, run_ids, next_seq, misses = self._load(key)
-            ctx = self._context(timerValues, next_seq)
-            out = process_key_group(op, stack, pdf, ctx)
-            written = self._save(stack, run_ids, ctx.next_seq, key)
-            extra = {"state_rows": stack.size, "key_group": int(key[0]), "runs": len(stack.runs),
-                     "rows_written": written, "cache_misses": misses, "seconds": time.perf_counter() - t0}
+        from .keyed_rows import arrow_output, with_metrics
+        out, passed, ctx, extra = self._process(key, rows, timerValues)
+        op = self.output_operator
         if self.pack is None:
             if passed is not None:
                 yield passed
@@ -215,4 +240,75 @@ class KeyGroupProcessor(StatefulProcessor):
         pass
 
 
-__all__ = ["KeyGroupProcessor", "META_SCHEMA", "RUN_ID_SCHEMA", "BLOB_SCHEMA"]
+def chain_variables(link: int) -> tuple[str, str]:
+    """The names of the ``meta`` and ``runs`` variables of link ``link`` of
+    a chained step (:class:`KeyedChainProcessor`): the first link's are an
+    unchained operator's, so its state reads as one's."""
+    return ("meta", "runs") if link == 0 else (f"meta{link}", f"runs{link}")
+
+
+class KeyedChainProcessor(KeyGroupProcessor):
+    """Keyed operators chained in one key group (``runtime.keyed_chain``,
+    docs/runtime.md, "Chained keyed operators"): each link's run stack and
+    emission counter in its own pair of variables (:func:`chain_variables`),
+    in the key groups of the chain's key; ``meta`` records that key
+    (``group_key``: the columns of the link's state that make its key group)
+    beside the link's own key, which is what a rescale regroups the link's
+    state by.  One call per key group runs every link."""
+
+    @property
+    def chain(self):
+        return self.operator
+
+    @property
+    def output_operator(self):
+        return self.chain.last
+
+    def init(self, handle) -> None:
+        self.handle = handle
+        self.variables = []
+        for i in range(len(self.chain.operators)):
+            meta, runs = chain_variables(i)
+            self.variables.append((handle.getValueState(meta, META_SCHEMA),
+                                   handle.getMapState(runs, RUN_ID_SCHEMA, BLOB_SCHEMA)))
+        self.meta, self.runs = self.variables[0]
+
+    def _link(self, link: int) -> tuple:
+        return (self.chain.operators[link],) + self.variables[link]
+
+    def _layout_of(self, link: int) -> dict:
+        return {**super()._layout_of(link), "group_key": list(self.chain.group_keys[link])}
+
+    def _process(self, key, rows, timerValues) -> tuple:
+        from .keyed_rows import split_upstream_metrics
+        chain = self.chain
+        pdf, passed = split_upstream_metrics(self._unpacked(rows), chain.last)
+        if pdf.empty:
+            return None, passed, None, None
+        opened = {}
+
+        def open_link(i):
+            t0 = time.perf_counter()
+            stack, run_ids, next_seq, misses = self._load(key, i)
+            ctx = self._context(timerValues, next_seq)
+            opened[i] = (stack, run_ids, ctx, misses, t0)
+            return stack, ctx
+
+        out, ran = chain.process(pdf, open_link)
+        links = []
+        for i in ran:
+            stack, run_ids, ctx, misses, t0 = opened[i]
+            written = self._save(stack, run_ids, ctx.next_seq, key, i)
+            links.append((i, ctx, {"state_rows": stack.size, "key_group": int(key[0]),
+                                   "runs": len(stack.runs), "rows_written": written,
+                                   "cache_misses": misses, "seconds": time.perf_counter() - t0}))
+        passed = chain.passed_rows(passed, links)
+        last = len(chain.operators) - 1
+        if not links or links[-1][0] != last:
+            return None, passed, None, None
+        _, ctx, extra = links[-1]
+        return out, passed, ctx, extra
+
+
+__all__ = ["KeyGroupProcessor", "KeyedChainProcessor", "chain_variables", "META_SCHEMA", "RUN_ID_SCHEMA",
+           "BLOB_SCHEMA"]

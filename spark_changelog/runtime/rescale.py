@@ -55,9 +55,9 @@ from pyspark.sql.streaming import StatefulProcessor
 
 from ..model.errors import UserError
 from ..model.partitioning import SPREAD_IDS, key_group_ids
-from .checkpoint import check_checkpoint, log_ids, query_dirs, state_operators
+from .checkpoint import check_checkpoint, keyed_state_pairs, log_ids, query_dirs, state_operators, state_variables
 from ..model.spark_hash import key_groups as spark_key_groups, supports as spark_hash_supports
-from .key_group_processor import BLOB_SCHEMA, META_SCHEMA, RUN_ID_SCHEMA
+from .key_group_processor import BLOB_SCHEMA, META_SCHEMA, RUN_ID_SCHEMA, chain_variables
 from .state_runs import Run, RunStack, name_new_runs
 
 #: a checkpoint written to less than this many seconds ago may belong to a running query
@@ -105,20 +105,29 @@ class RescaleReport:
 
 class StateLoader(StatefulProcessor):
     """Writes the given state of each key group (the initial state of a
-    one-batch query): the variables of ``KeyGroupProcessor``, declared in
-    its order, so the state store's column families are the same."""
+    one-batch query): the variables of ``KeyGroupProcessor``, or of a
+    ``KeyedChainProcessor`` of ``links`` links, declared in its order, so
+    the state store's column families are the same; each row's ``link``
+    says whose variables it goes to."""
+
+    def __init__(self, links: int = 1):
+        self.links = links
 
     def init(self, handle) -> None:
-        self.meta = handle.getValueState("meta", META_SCHEMA)
-        self.runs = handle.getMapState("runs", RUN_ID_SCHEMA, BLOB_SCHEMA)
+        self.variables = []
+        for i in range(self.links):
+            meta, runs = chain_variables(i)
+            self.variables.append((handle.getValueState(meta, META_SCHEMA),
+                                   handle.getMapState(runs, RUN_ID_SCHEMA, BLOB_SCHEMA)))
 
     def handleInputRows(self, key, rows, timerValues):
         return iter([])
 
     def handleInitialState(self, key, initialState, timerValues) -> None:
         for _, row in initialState.iterrows():
-            self.runs.updateValue((row["run_id"],), (bytes(row["blob"]),))
-            self.meta.update((row["meta"], int(row["next_seq"])))
+            meta, runs = self.variables[int(row["link"])]
+            runs.updateValue((row["run_id"],), (bytes(row["blob"]),))
+            meta.update((row["meta"], int(row["next_seq"])))
 
     def close(self) -> None:
         pass
@@ -146,16 +155,6 @@ def _check_stopped(checkpoint: str, quiet_seconds: float) -> None:
                           "then rescale")
 
 
-def _state_variables(op_dir: str) -> list:
-    for meta in log_ids(os.path.join(op_dir, "_metadata", "v2")):
-        with open(os.path.join(op_dir, "_metadata", "v2", str(meta)), encoding="utf-8") as fh:
-            for line in fh:
-                if "operatorPropertiesJson" in line:
-                    props = json.loads(json.loads(line)["operatorPropertiesJson"])
-                    return [v["stateName"] for v in props.get("stateVariables", [])]
-    return []
-
-
 def _read_state(spark, q: str, op: int, last: int, var: str) -> pd.DataFrame:
     return (spark.read.format("statestore").option("operatorId", op).option("stateVarName", var)
             .option("batchId", last).load(q).toPandas())
@@ -172,6 +171,10 @@ def _regroup(checkpoint: str, q: str, op: int, meta: pd.DataFrame, runs: pd.Data
                                   "by a version before rescaling existed)",
                       "run the query once with this version (one micro-batch with input), then rescale")
     key, op_name = list(described[0]["key"]), described[0].get("operator") or "keyed operator"
+    # a chained operator's key groups are made by the chain's key, columns
+    # its own key contains (key_group_processor.KeyedChainProcessor)
+    group_key = described[0].get("group_key")
+    hashed = list(group_key or key)
     before = described[0].get("key_groups")
     blobs = {(int(r["key"]["_kg"]), r["user_map_key"]["run_id"]): bytes(r["user_map_value"]["blob"])
              for _, r in runs.iterrows()}
@@ -201,14 +204,14 @@ def _regroup(checkpoint: str, q: str, op: int, meta: pd.DataFrame, runs: pd.Data
     if not parts:
         return info, out
     rows = pd.concat(parts, ignore_index=True)
-    key_table = pa.Table.from_pandas(rows[key], schema=pa.schema([schema.field(k) for k in key]),
+    key_table = pa.Table.from_pandas(rows[hashed], schema=pa.schema([schema.field(k) for k in hashed]),
                                      preserve_index=False)
     if not spark_hash_supports([f.type for f in key_table.schema]):
         raise _refuse(checkpoint, f"{name}: operator {op} ({op_name}): its key types "
                                   f"({', '.join(str(f.type) for f in key_table.schema)}) are not ones the "
                                   "rescale computes Spark's hash of (integers, strings)",
                       "start a new checkpoint with --key-groups N instead")
-    groups = np.asarray(key_group_ids(key_groups, SPREAD_IDS))[spark_key_groups(key_table, key, key_groups)]
+    groups = np.asarray(key_group_ids(key_groups, SPREAD_IDS))[spark_key_groups(key_table, hashed, key_groups)]
     info.keys = int(rows[key].drop_duplicates().shape[0])
     rows["_new_kg"] = groups
     records = []
@@ -219,15 +222,17 @@ def _regroup(checkpoint: str, q: str, op: int, meta: pd.DataFrame, runs: pd.Data
         scope = f"rescale/{op_name}/{int(g)}"
         blob = name_new_runs([run], scope, schema)
         meta_json = json.dumps({"runs": [run.id], "key_groups": key_groups, "operator": op_name,
-                                "key": key, "key_group_ids": SPREAD_IDS})
+                                "key": key, "key_group_ids": SPREAD_IDS,
+                                **({"group_key": group_key} if group_key else {})})
         records.append((int(g), run.id, blob[run.id], meta_json, next_seq))
     out = pd.DataFrame(records, columns=["kg", "run_id", "blob", "meta", "next_seq"])
     return info, out
 
 
-def _write_state(spark, state: pd.DataFrame, partitions: int, scratch: str) -> str:
+def _write_state(spark, state: pd.DataFrame, partitions: int, scratch: str, links: int = 1) -> str:
     """One batch of a query whose only operator writes ``state`` (initial
-    state of :class:`StateLoader`) as full snapshots in ``partitions``
+    state of :class:`StateLoader` with ``links`` links: its ``link`` column
+    says whose variables a row goes to) as full snapshots in ``partitions``
     state partitions; returns the operator's state directory."""
     from pyspark.sql.types import (BinaryType, IntegerType, LongType, StringType, StructField,
                                    StructType)
@@ -240,7 +245,7 @@ def _write_state(spark, state: pd.DataFrame, partitions: int, scratch: str) -> s
         state.rename(columns={"kg": "_kg"}),
         StructType([StructField("_kg", IntegerType()), StructField("run_id", StringType()),
                     StructField("blob", BinaryType()), StructField("meta", StringType()),
-                    StructField("next_seq", LongType())]))
+                    StructField("next_seq", LongType()), StructField("link", IntegerType())]))
     conf = {"spark.sql.shuffle.partitions": str(partitions),
             "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "false"}
     saved = {k: spark.conf.get(k, None) for k in conf}
@@ -249,7 +254,7 @@ def _write_state(spark, state: pd.DataFrame, partitions: int, scratch: str) -> s
     try:
         stream = spark.readStream.schema("_kg INT").parquet(inp)
         out = stream.groupBy("_kg").transformWithStateInPandas(
-            statefulProcessor=StateLoader(), outputStructType="_kg INT", outputMode="Append",
+            statefulProcessor=StateLoader(links), outputStructType="_kg INT", outputMode="Append",
             timeMode="None", initialState=initial.groupBy("_kg"))
         query = (out.writeStream.format("noop").option("checkpointLocation", os.path.join(scratch, "ck"))
                  .trigger(availableNow=True).start())
@@ -285,12 +290,14 @@ def _replace_partition_state(written: str, target: str, version: int) -> None:
     shutil.copyfile(os.path.join(written, "1.zip"), os.path.join(target, f"{version}.zip"))
 
 
-def _verify(spark, q: str, op: int, last: int, key_groups: int, expected: OperatorRescale) -> None:
-    """The rewritten state of one operator, read back through Spark: every
-    key group records ``key_groups`` and the spread ids, is stored under
-    its spread id, every run it lists is there and decodes, and it holds the
-    keys the original held."""
-    meta, runs = _read_state(spark, q, op, last, "meta"), _read_state(spark, q, op, last, "runs")
+def _verify(spark, q: str, op: int, last: int, key_groups: int, expected: OperatorRescale,
+            variables: tuple = ("meta", "runs")) -> None:
+    """The rewritten state of one operator (the link of a chain whose
+    ``variables`` they are), read back through Spark: every key group
+    records ``key_groups`` and the spread ids, is stored under its spread
+    id, every run it lists is there and decodes, and it holds the keys the
+    original held."""
+    meta, runs = (_read_state(spark, q, op, last, v) for v in variables)
     listed = [json.loads(v["run_ids"]) for v in meta["value"]]
     counts = {m.get("key_groups") for m in listed}
     if counts - {key_groups}:
@@ -329,30 +336,41 @@ def _rewrite_key_groups(spark, copy: str, work: str, q: str, key_groups: int, do
     for op, (op_name, _) in state_operators(q).items():
         if op_name is None or "transformWithState" not in op_name:
             continue
-        variables = _state_variables(os.path.join(q, "state", str(op)))
-        if set(variables) != {"meta", "runs"}:
+        op_dir = os.path.join(q, "state", str(op))
+        variables = state_variables(op_dir)
+        # one (meta, runs) pair per keyed operator: one, or one per link of
+        # a chain of keyed operators (key_group_processor.chain_variables)
+        pairs = keyed_state_pairs(op_dir)
+        if set(variables) != {v for pair in pairs for v in pair}:
             if "meta" in variables and "runs" in variables and "timer" in variables:
                 # a keyed operator of an earlier version waiting for the watermark
                 raise RescaleRefused(f"{os.path.relpath(q, copy)}: operator {op} keeps timers (written by "
                                      "an earlier version): rescaling it is not supported",
                                      todo="start a new checkpoint with --key-groups N")
             continue         # an event-time operator's state: its count is its own
-        meta = _read_state(spark, q, op, last, "meta")
-        if meta.empty:
+        links = []
+        for link, (meta_var, runs_var) in enumerate(pairs):
+            meta = _read_state(spark, q, op, last, meta_var)
+            if meta.empty:
+                continue
+            runs = _read_state(spark, q, op, last, runs_var)
+            info, state = _regroup(copy, q, op, meta, runs, key_groups)
+            links.append((link, info, state.assign(link=link)))
+        if not links:
             continue
-        runs = _read_state(spark, q, op, last, "runs")
-        info, state = _regroup(copy, q, op, meta, runs, key_groups)
         partitions = _partitions(q)
         scratch = os.path.join(work, f"write-{len(done)}")
-        written = _write_state(spark, state, partitions, scratch)
+        written = _write_state(spark, pd.concat([state for _, _, state in links], ignore_index=True),
+                               partitions, scratch, len(pairs))
         for p in range(partitions):
             target = os.path.join(q, "state", str(op), str(p))
             os.makedirs(target, exist_ok=True)
             _replace_partition_state(os.path.join(written, str(p)), target, last + 1)
         shutil.rmtree(scratch)
-        _verify(spark, q, op, last, key_groups, info)
-        info.query = os.path.relpath(q, copy)
-        done.append(info)
+        for link, info, _ in links:
+            _verify(spark, q, op, last, key_groups, info, pairs[link])
+            info.query = os.path.relpath(q, copy)
+            done.append(info)
 
 
 _BINARY = (".zip", ".sst", ".changelog", ".crc", ".parquet")

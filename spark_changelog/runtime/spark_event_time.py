@@ -50,7 +50,7 @@ from .arrow_packing import PACKED_COL, conform, pack, packed_batch, packed_schem
 from .line_columns import computable, project
 from .source_watermarks import watermark_rows
 from .event_time import batch_progress, run_event_time_batch
-from .state_runs import RunStack, run_schema
+from .state_runs import RunStack
 from .keyed_rows import (KEY_GROUP_COL, METRICS_GROUP, arrow_input, arrow_output, operator_schema_of,
                          output_schema_with_metrics, spark_schema, split_upstream_metrics,
                          with_metrics)
@@ -294,7 +294,6 @@ class EventTimeKeyGroupProcessor(KeyGroupProcessor):
         self.runs = handle.getMapState("runs", RUN_ID_SCHEMA, BLOB_SCHEMA)
         # no "timer" variable: this processor fires from its own watermarks,
         # without Spark's timers (each declaration costs the JVM 10-130 ms per task)
-        self.schema = run_schema(self.operator.state_schema)
         self.watermarks = handle.getValueState("watermarks", _WATERMARKS)
 
     def handleInputRows(self, key, rows, timerValues) -> Iterator[pd.DataFrame]:

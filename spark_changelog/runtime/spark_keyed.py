@@ -70,7 +70,8 @@ from .keyed_rows import (KEY_GROUP_COL, METRICS_GROUP, arrow_input, arrow_output
                          operator_instance, output_schema_with_metrics, spark_schema,
                          split_upstream_metrics)
 from .spark_seen_keys import apply_seen_keys
-from .key_group_processor import KeyGroupProcessor
+from .key_group_processor import KeyedChainProcessor, KeyGroupProcessor
+from .keyed_chain import KeyedChain
 
 #: the key-group id layout of the keyed operators built on a stream
 #: (:func:`key_group_id_layout`)
@@ -149,18 +150,65 @@ def keyed_step(df, operator: KeyedOperator, *, key_groups: Optional[int] = None,
                          "runtime.spark_event_time.apply_event_time")
     if df.isStreaming and operator.state_is_seen_keys:
         return apply_seen_keys(df, operator), None
+
+    def run_batch(pdf, passed, now):
+        ctx = OpContext(processing_time_ms=now)
+        return process_key_group(operator, None, pdf, ctx), passed, ctx
+
+    return _grouped_step(df, operator, operator, KeyGroupProcessor, run_batch, key_groups=key_groups,
+                         growth=growth, max_runs=max_runs, processing_time_ms=processing_time_ms,
+                         packed_source=packed_source, null_columns=null_columns)
+
+
+def chained_step(df, chain: KeyedChain, *, key_groups: Optional[int] = None, growth: float = 1.0,
+                 max_runs: int = 8, processing_time_ms: Optional[int] = None,
+                 packed_source: Optional[Callable] = None) -> tuple:
+    """:func:`keyed_step` for keyed operators chained in one key group
+    (:class:`~spark_changelog.runtime.keyed_chain.KeyedChain`, docs/runtime.md,
+    "Chained keyed operators"): ``df`` packed per key group of
+    ``chain.packing``, one call per key group running every link; on a
+    stream each link's state in the group's state
+    (:class:`KeyedChainProcessor`), in a batch run none."""
+    def run_batch(pdf, passed, now):
+        ctxs = {}
+
+        def open_link(i):
+            ctxs[i] = OpContext(processing_time_ms=now)
+            return None, ctxs[i]
+        out, ran = chain.process(pdf, open_link)
+        passed = chain.passed_rows(passed, [(i, ctxs[i], {"state_rows": 0}) for i in ran])
+        return out, passed, ctxs.get(len(chain.operators) - 1)
+
+    return _grouped_step(df, chain.packing, chain.last, KeyedChainProcessor, run_batch,
+                         processor_operator=chain, key_groups=key_groups, growth=growth, max_runs=max_runs,
+                         processing_time_ms=processing_time_ms, packed_source=packed_source)
+
+
+def _grouped_step(df, packing: KeyedOperator, last: KeyedOperator, processor_class, run_batch, *,
+                  processor_operator=None, key_groups: Optional[int] = None, growth: float = 1.0,
+                  max_runs: int = 8, processing_time_ms: Optional[int] = None,
+                  packed_source: Optional[Callable] = None, null_columns: tuple = ()) -> tuple:
+    """The keyed step of :func:`keyed_step` and :func:`chained_step`:
+    ``df`` packed per key group of ``packing``, then on a stream
+    ``processor_class`` (built with ``processor_operator``, by default
+    ``packing``) in ``transformWithStateInPandas``, in a batch run
+    ``run_batch(data rows, passed side rows, now) -> (output, side rows,
+    context or None)`` per key group in ``applyInArrow``; ``last``: the
+    operator whose output the step emits."""
     time_zone = df.sparkSession.conf.get("spark.sql.session.timeZone")
-    out_schema = spark_schema(output_schema_with_metrics(operator))
+    out_schema = spark_schema(output_schema_with_metrics(last))
     if key_groups is None:
         key_groups = session_key_groups(df.sparkSession)
+    if processor_operator is None:
+        processor_operator = packing
     if df.isStreaming:
         layout = current_key_group_id_layout()
-        packed, columns = pack_key_groups(df, operator, key_groups, packed_source=packed_source,
+        packed, columns = pack_key_groups(df, packing, key_groups, packed_source=packed_source,
                                           null_columns=null_columns, layout=layout)
 
         def step(pack: Optional[Callable] = None, schema=None):
-            processor = KeyGroupProcessor(operator, columns, growth, max_runs, time_zone, key_groups, pack,
-                                          layout)
+            processor = processor_class(processor_operator, columns, growth, max_runs, time_zone, key_groups,
+                                        pack, layout)
             out = packed.groupBy(KEY_GROUP_COL).transformWithStateInPandas(
                 statefulProcessor=processor, outputStructType=PACKED_OUTPUT if pack else out_schema,
                 outputMode="Append", timeMode="None")
@@ -171,18 +219,18 @@ def keyed_step(df, operator: KeyedOperator, *, key_groups: Optional[int] = None,
     # blobs per key group instead of sorting every row (``keygroup.sort_rows``
     # sorts each key group's rows by key and ``_seq`` in the Python step);
     # no state, so always the spread ids
-    packed, columns = pack_key_groups(df, operator, key_groups, packed_source=packed_source,
+    packed, columns = pack_key_groups(df, packing, key_groups, packed_source=packed_source,
                                       null_columns=null_columns)
     now = int(time.time() * 1000) if processing_time_ms is None else processing_time_ms
 
     def run_group(table: pa.Table) -> pa.Table:
         rows = unpack(table.column(PACKED_COL).to_pylist())
-        pdf, passed = split_upstream_metrics(arrow_input(rows, columns, time_zone), operator)
+        pdf, passed = split_upstream_metrics(arrow_input(rows, columns, time_zone), last)
         if pdf.empty:
-            return arrow_output(None, passed, operator, None)
-        ctx = OpContext(processing_time_ms=now)
-        out = process_key_group(operator, None, pdf, ctx)
-        return arrow_output(out, passed, operator, ctx, {"state_rows": 0})
+            return arrow_output(None, passed, last, None)
+        out, passed, ctx = run_batch(pdf, passed, now)
+        return arrow_output(out if ctx is not None else None, passed, last, ctx,
+                            {"state_rows": 0} if ctx is not None else None)
 
     return packed.groupBy(KEY_GROUP_COL).applyInArrow(run_group, schema=out_schema), None
 

@@ -231,8 +231,10 @@ class JoinInputLayout:
             out[c] = out[c].astype(t)
         return out
 
-    def spark_union(self, left_df, right_df):
-        """The same union with Spark column expressions (``unionByName``)."""
+    def spark_union(self, left_df, right_df, keep: tuple = ()):
+        """The same union with Spark column expressions (``unionByName``);
+        ``keep``: columns both inputs have that pass through as they are
+        (after the union's)."""
         from pyspark.sql import functions as F
         from pyspark.sql.pandas.types import from_arrow_type
 
@@ -254,7 +256,7 @@ class JoinInputLayout:
             if side_rows:
                 payload = F.col(f"`{METRICS_COL}`") if METRICS_COL in df.columns else F.lit(None)
                 exprs.append(payload.cast("string").alias(METRICS_COL))
-            return df.select(*exprs)
+            return df.select(*exprs, *(F.col(f"`{c}`") for c in keep))
 
         return project(left_df, LEFT).unionByName(project(right_df, RIGHT))
 
