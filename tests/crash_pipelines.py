@@ -50,6 +50,18 @@ def normalize(spark, args, progress=None):
     return stream.write_upsert(table, checkpoint=ck, changelog_path=log, progress=progress)
 
 
+def normalize_materialize(spark, args, progress=None):
+    """A normalize and the upsert materializer on (name, id), chained in one
+    keyed step (docs/runtime.md, "Chained keyed operators"), into Delta.
+    args: INPUT TABLE CHECKPOINT CHANGELOG."""
+    from spark_changelog.api import ChangelogStream
+    src, table, ck, log = args
+    stream = ChangelogStream.from_dataframe(changelog_files(spark, src, CUSTOMERS),
+                                            primary_key=["id"]).normalize(key_groups=4)
+    return stream.write_upsert(table, checkpoint=ck, changelog_path=log, key=["name", "id"],
+                               materialize="force", progress=progress)
+
+
 def normalize_pg(spark, args, progress=None):
     """A normalize into PostgreSQL (PostgresUpsertSink).  args: INPUT CONNINFO TABLE CHECKPOINT."""
     from spark_changelog.api import ChangelogStream
@@ -102,4 +114,4 @@ def history(spark, args, progress=None):
             sink.close()
 
 
-PIPELINES = {f.__name__: f for f in (normalize, normalize_pg, conflict, window, history)}
+PIPELINES = {f.__name__: f for f in (normalize, normalize_materialize, normalize_pg, conflict, window, history)}

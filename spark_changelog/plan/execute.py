@@ -14,9 +14,10 @@ from typing import Optional
 from ..model.partitioning import SPREAD_IDS
 from ..runtime.keyed_rows import arrow_schema_of
 from ..runtime.spark_keyed import key_group_id_layout, session_key_groups
+from .chains import chaining, keyed_chains
 from .explain import explain_plan
-from .fingerprint import (check_checkpoint, checkpoint_key_group_ids, checkpoint_key_groups, is_streaming,
-                          with_key_groups)
+from .fingerprint import (check_checkpoint, checkpoint_key_group_ids, checkpoint_key_groups,
+                          checkpoint_keyed_chains, is_streaming, with_key_groups)
 from .lower import lower
 from .nodes import Sink, source_leaves
 from .rules import plan_warnings, sink_keys_emitted_once
@@ -38,7 +39,9 @@ def run_sink(sink: Sink, table, *, checkpoint: Optional[str] = None,
     from ..runtime.pipeline import run_to_sink
     from ..runtime.keyed_rows import operator_instance
     warns = plan_warnings(sink)
-    layout = SPREAD_IDS
+    # without a checkpoint: the ids and chains of a new one (chains as the
+    # caller's block says, plan.chains.keyed_chains)
+    layout, chains = SPREAD_IDS, chaining()
     if checkpoint is not None and is_streaming(sink):
         from pyspark.sql import SparkSession
         # active() falls back to the default session: a query started from
@@ -59,10 +62,14 @@ def run_sink(sink: Sink, table, *, checkpoint: Optional[str] = None,
         # and with the layout of their ids (a checkpoint written before it was
         # recorded: the plain ids; lowering is memoized per layout)
         layout = checkpoint_key_group_ids(checkpoint)
+        # and chained where they were (plan/chains.py: a checkpoint written
+        # unchained has a stateful operator for each)
+        chains = checkpoint_keyed_chains(checkpoint)
     for w in warns:
         _warnings.warn(w, PlanWarning, stacklevel=warn_stacklevel)
-    with key_group_id_layout(layout):
+    with key_group_id_layout(layout), keyed_chains(chains):
         low = lower(sink)
+        plan = explain_plan(sink)
     report = run_to_sink(low.df, table, key=sink.key, schema=arrow_schema_of(low.data_df),
                          checkpoint=checkpoint, changelog_path=changelog_path,
                          changelog_format=changelog_format, dead_letter=dead_letter,
@@ -72,7 +79,7 @@ def run_sink(sink: Sink, table, *, checkpoint: Optional[str] = None,
                          trigger=trigger, until=until,
                          source_positions={s.name: s.reader.progress for s in source_leaves(sink)
                                            if hasattr(s.reader, "progress")})
-    report.plan = explain_plan(sink)
+    report.plan = plan
     report.warnings[:0] = warns
     return report
 

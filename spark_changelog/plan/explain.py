@@ -5,10 +5,12 @@ by its traits (``changelogMode``, ``uniqueKeys``, ``upsertKey``), the notes of
 the inference (why a key was lost, what was inserted automatically), and for a
 sink the materializer decision with its reason.  Join inputs show the shuffle
 (``Exchange(distribution=[hash[...]])``) that decides whether a side keeps its
-upsert key.
+upsert key.  A keyed operator run in one keyed step with the one it reads
+says so and why (``chains.chain_reason``).
 """
 from __future__ import annotations
 
+from .chains import chain_reason
 from .rules import plan_warnings, state_warnings
 from .nodes import Join, Node, Sink, exchange_upsert_key, fmt_key
 
@@ -19,6 +21,9 @@ def _lines(node: Node, prefix: str, child_prefix: str, out: list) -> None:
     pad = child_prefix + ("|     " if node.children else "      ")
     for note in t.notes:
         out.append(f"{pad}note: {note}")
+    chained = chain_reason(node)
+    if chained:
+        out.append(f"{pad}{chained}")
     if isinstance(node, Sink) and node.decision is not None:
         d = node.decision
         word = "inserted" if d.inserted else "not inserted"

@@ -15,7 +15,8 @@ in the table.  So the checkpoint directory keeps ``plan-fingerprint.json``:
      "stateful": the state-bearing nodes, one line each, for messages,
      "plan": the plan as lines (every node), for messages,
      "key_groups": the key-group count of keyed operators that set none,
-     "key_group_ids": how their key groups' ids are laid out}
+     "key_group_ids": how their key groups' ids are laid out,
+     "keyed_chains": whether keyed operators run chained}
 
 The key-group count is part of the state's layout (docs/runtime.md, "Key
 groups and rescaling"): a new checkpoint records the default for its state
@@ -32,7 +33,13 @@ evenly over the state partitions), recorded by every new checkpoint; a
 checkpoint with progress and without the field was written with the index
 itself as the id (``PLAIN_IDS``) and resumes so
 (:func:`checkpoint_key_group_ids`).  ``spark-changelog rescale`` writes the
-state it regroups with the spread ids and records them.
+state it regroups with the spread ids and records them.  ``keyed_chains``
+is the third: ``true`` (recorded by every new checkpoint) when keyed
+operators whose keys nest run as one keyed step, the later one's state in
+the earlier one's key groups (``plan.chains``, docs/runtime.md, "Chained
+keyed operators"); a checkpoint with progress and without the field ran
+them unchained, as separate stateful operators, and keeps running so
+(:func:`checkpoint_keyed_chains`).  ``spark-changelog rescale`` keeps it.
 
 On a restart the fingerprint of the script's plan is compared with the file:
 the same ``state`` and ``full``: go on; the same ``state`` but another
@@ -94,10 +101,11 @@ def _line(node: Node, depth: int) -> str:
 
 
 def plan_fingerprint(node: Node, key_groups: Optional[int] = None,
-                     key_group_ids: str = SPREAD_IDS) -> dict:
+                     key_group_ids: str = SPREAD_IDS, keyed_chains: bool = True) -> dict:
     """The fingerprint of a planned sink (see the module docstring);
     ``key_groups``: the count of keyed operators that set none;
-    ``key_group_ids``: their ids' layout."""
+    ``key_group_ids``: their ids' layout; ``keyed_chains``: whether keyed
+    operators run chained."""
     plan, stateful = [], []
     for n, depth in _walk(node):
         plan.append(_line(n, depth))
@@ -116,7 +124,8 @@ def plan_fingerprint(node: Node, key_groups: Optional[int] = None,
             "stateful": stateful,
             "plan": plan,
             "key_groups": key_groups,
-            "key_group_ids": key_group_ids}
+            "key_group_ids": key_group_ids,
+            "keyed_chains": bool(keyed_chains)}
 
 
 def _own_count(line: str) -> bool:
@@ -172,6 +181,17 @@ def checkpoint_key_group_ids(checkpoint: str) -> str:
         return SPREAD_IDS
     old = read_fingerprint(checkpoint)
     return PLAIN_IDS if old is None else old.get("key_group_ids", PLAIN_IDS)
+
+
+def checkpoint_keyed_chains(checkpoint: str) -> bool:
+    """Whether the keyed operators of a query run with ``checkpoint`` run
+    chained: as it recorded; not for one with progress written before it
+    was recorded (with or without a fingerprint); yes for a checkpoint
+    without progress."""
+    if not _has_progress(checkpoint):
+        return True
+    old = read_fingerprint(checkpoint)
+    return False if old is None else bool(old.get("keyed_chains", False))
 
 
 def rescale_fingerprint(directory: str, key_groups: int) -> None:
@@ -258,13 +278,15 @@ def check_checkpoint(checkpoint: str, node: Node, fresh_key_groups: int) -> Opti
     nothing changed; raises :class:`CheckpointMismatch` when it breaks state.
     ``fresh_key_groups``: the count a new checkpoint records."""
     groups = checkpoint_key_groups(checkpoint, fresh_key_groups)
-    new = plan_fingerprint(node, groups, checkpoint_key_group_ids(checkpoint))
+    new = plan_fingerprint(node, groups, checkpoint_key_group_ids(checkpoint),
+                           checkpoint_keyed_chains(checkpoint))
     old = read_fingerprint(checkpoint)
     if old is None or not _has_progress(checkpoint):
         write_fingerprint(checkpoint, new)
         return None
     if old.get("state") == new["state"] and old.get("full") == new["full"] \
-            and old.get("key_groups") == groups and old.get("key_group_ids") == new["key_group_ids"]:
+            and old.get("key_groups") == groups and old.get("key_group_ids") == new["key_group_ids"] \
+            and old.get("keyed_chains") == new["keyed_chains"]:
         return None
     where = os.path.join(checkpoint, FILE_NAME)
     same_state = (_state_lines(old.get("stateful", []), groups)
@@ -308,4 +330,4 @@ def check_checkpoint(checkpoint: str, node: Node, fresh_key_groups: int) -> Opti
 
 
 __all__ = ["plan_fingerprint", "read_fingerprint", "write_fingerprint", "check_checkpoint",
-           "checkpoint_key_groups", "checkpoint_key_group_ids", "with_key_groups", "rescale_fingerprint", "relocate_fingerprint", "is_streaming", "FILE_NAME", "VERSION"]
+           "checkpoint_key_groups", "checkpoint_key_group_ids", "checkpoint_keyed_chains", "with_key_groups", "rescale_fingerprint", "relocate_fingerprint", "is_streaming", "FILE_NAME", "VERSION"]

@@ -30,8 +30,9 @@ from ..model import KIND_COL, METRICS_COL, METRICS_KIND, SEQ_COL, ChangelogMode
 from ..model.rowkind import RowKind
 from ..operators.keys import GLOBAL_KEY
 from ..runtime.keyed_rows import operator_schema_of
-from ..runtime.spark_keyed import current_key_group_id_layout, keyed_step
+from ..runtime.spark_keyed import chained_step, current_key_group_id_layout, keyed_step
 from . import expressions
+from .chains import chain_reason, chaining
 from .nodes import (WINDOW_END, WINDOW_START, WINDOW_TIME, Aggregate, ApplyAs, Deduplicate, Filter, History,
                     Join, Materialize, Node, Normalize, Project, Sink, Source, TopN, UnionAll,
                     WatermarkAssigner,
@@ -61,9 +62,9 @@ class Lowered:
     #: operator before (docs/runtime.md, "Packing in the operator before")
     packs: Optional[tuple] = None
 
-    def then(self, df, op, packs: Optional[tuple] = None) -> "Lowered":
-        """This input followed by the keyed operator ``op`` (output ``df``)."""
-        return Lowered(df, self.operators + (op,), self.entry if self.operators else (op,), packs=packs)
+    def then(self, df, *ops, packs: Optional[tuple] = None) -> "Lowered":
+        """This input followed by the keyed operators ``ops`` (one step, output ``df``)."""
+        return Lowered(df, self.operators + ops, self.entry if self.operators else ops[:1], packs=packs)
 
     @property
     def df(self):
@@ -109,35 +110,44 @@ class Lowered:
         return bool(self.reader.streaming) if self.defers_rows else bool(self.frame.isStreaming)
 
 
-class _ReaderRows:
-    """A reader's rows not built yet, as a keyed step sees them while it
-    decides how to read them (``spark_keyed.pack_key_groups``): the schema,
-    columns, session and streaming flag come from the reader without a read
-    plan; anything else builds the rows (``ReadResult.rows``) and is theirs.
-    So when the line task packs (``ReadResult.packed_rows``) its plan is the
-    only one built."""
+class _Deferred:
+    """A DataFrame not built yet (a reader's rows, a union of them), as a
+    keyed step sees it while it decides how to read it
+    (``spark_keyed.pack_key_groups``): the schema, columns, session and
+    streaming flag come without a read plan; anything else builds the
+    DataFrame (``build()``) and is its.  So when the line task packs
+    (``ReadResult.packed_rows``) its plan is the only one built."""
 
-    def __init__(self, reader):
-        self._reader = reader
+    def __init__(self, schema, streaming: bool, spark, build):
+        self._schema, self._streaming, self._spark, self._build = schema, streaming, spark, build
+        self._built = None
+
+    @classmethod
+    def reader_rows(cls, reader) -> "_Deferred":
+        return cls(reader.schema, bool(reader.streaming), reader.spark, lambda: reader.rows)
 
     @property
     def schema(self):
-        return self._reader.schema
+        return self._schema
 
     @property
     def columns(self) -> list:
-        return self._reader.schema.fieldNames()
+        return self._schema.fieldNames()
 
     @property
     def isStreaming(self) -> bool:
-        return bool(self._reader.streaming)
+        return self._streaming
 
     @property
     def sparkSession(self):
-        return self._reader.spark
+        return self._spark
 
     def __getattr__(self, name):
-        return getattr(self._reader.rows, name)
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if self._built is None:
+            self._built = self._build()
+        return getattr(self._built, name)
 
 
 def data_rows(df):
@@ -148,14 +158,15 @@ def data_rows(df):
 
 
 #: each node's lowering, per key-group id layout (its keyed operators' state
-#: is stored under the layout's ids: ``spark_keyed.key_group_id_layout``)
-_LOWERED: "weakref.WeakKeyDictionary[Node, dict[str, Lowered]]" = weakref.WeakKeyDictionary()
+#: is stored under the layout's ids: ``spark_keyed.key_group_id_layout``) and
+#: whether keyed operators chain (``chains.keyed_chains``)
+_LOWERED: "weakref.WeakKeyDictionary[Node, dict[tuple, Lowered]]" = weakref.WeakKeyDictionary()
 
 
 def lower(node: Node) -> Lowered:
     """The DataFrame and operators of a planned ``node`` (module docstring)."""
     done = _LOWERED.setdefault(node, {})
-    layout = current_key_group_id_layout()
+    layout = (current_key_group_id_layout(), chaining())
     if layout not in done:
         done[layout] = _lower(node)
     return done[layout]
@@ -176,24 +187,19 @@ def _lower(node: Node) -> Lowered:
     if isinstance(node, Filter):
         return _filter(node, lower(node.input))
     if isinstance(node, Normalize):
-        from ..operators.normalize import ChangelogNormalize
         inp = lower(node.input)
-        op = ChangelogNormalize(operator_schema_of(inp.data_schema), node.key,
-                                state_ttl_ms=node.state_ttl_ms,
-                                tombstone_retention_ms=node.tombstone_retention_ms,
-                                generate_update_before=node.generate_update_before,
-                                fold_batch=node.fold_batch)
-        return _keyed(inp, inp.frame, op, node.key_groups)
+        return _keyed(inp, inp.frame, _normalize_operator(node, inp.data_schema), node.key_groups)
     if isinstance(node, Materialize):
-        from ..operators.sink_upsert_materializer import SinkUpsertMaterializer
+        if chain_reason(node):
+            return _chained_materialize(node)
         inp = lower(node.input)
-        op = SinkUpsertMaterializer(operator_schema_of(inp.data_schema), node.sink_key,
-                                    upsert_key=node.upsert_key, state_ttl_ms=node.state_ttl_ms,
-                                    conflict=node.conflict)
+        op = _materialize_operator(node, inp.data_schema)
         if node.waits_for_watermark:
             return _event_time(inp, op, node.spec, node.key_groups)
         return _keyed(inp, inp.frame, op, node.key_groups)
     if isinstance(node, Join):
+        if chain_reason(node):
+            return _chained_join(node)
         return _join(node, lower(node.left), lower(node.right))
     if isinstance(node, UnionAll):
         return _union(node, [lower(c) for c in node.inputs])
@@ -227,6 +233,50 @@ def _lower(node: Node) -> Lowered:
                  rank_column=node.rank_column, state_ttl_ms=node.state_ttl_ms)
         return _without_global_key(_keyed(inp, inp.frame, op, node.key_groups))
     raise PlanError(f"no lowering for plan node {type(node).__name__}")
+
+
+def _normalize_operator(node: Normalize, data_schema):
+    from ..operators.normalize import ChangelogNormalize
+    return ChangelogNormalize(operator_schema_of(data_schema), node.key, state_ttl_ms=node.state_ttl_ms,
+                              tombstone_retention_ms=node.tombstone_retention_ms,
+                              generate_update_before=node.generate_update_before,
+                              fold_batch=node.fold_batch)
+
+
+def _materialize_operator(node: Materialize, data_schema):
+    from ..operators.sink_upsert_materializer import SinkUpsertMaterializer
+    return SinkUpsertMaterializer(operator_schema_of(data_schema), node.sink_key,
+                                  upsert_key=node.upsert_key, state_ttl_ms=node.state_ttl_ms,
+                                  conflict=node.conflict)
+
+
+def _step_output_schema(op):
+    """The Spark schema of a keyed step's data rows (``op``'s output as the
+    step emits it, without the side rows' column): what the operator after
+    it is built with, chained or not."""
+    from pyspark.sql.types import StructType
+    from ..runtime.keyed_rows import spark_schema
+    return StructType([f for f in spark_schema(op.output_schema).fields if f.name != METRICS_COL])
+
+
+def _chained_materialize(node: Materialize) -> Lowered:
+    """The normalize the materializer reads and the materializer, in one
+    keyed step on the normalize's key groups (``chains.chain_reason``)."""
+    from ..runtime.keyed_chain import KeyedChain
+    before = node.input
+    inp = lower(before.input)
+    normalize = _normalize_operator(before, inp.data_schema)
+    chain = KeyedChain.linear((normalize, _materialize_operator(node, _step_output_schema(normalize))))
+    # the normalize's key groups (the materializer's own count is not used)
+    return _chained(inp, inp.frame, chain, before.key_groups)
+
+
+def _chained(inp: Lowered, frame, chain, key_groups: Optional[int]) -> Lowered:
+    """:func:`_keyed` for a chain of keyed operators (``runtime.keyed_chain``)."""
+    source = inp.packed_source(frame)
+    df = _Deferred.reader_rows(frame) if frame is inp.reader else frame
+    out, repack = chained_step(df, chain, key_groups=key_groups, packed_source=source)
+    return inp.then(out, *chain.operators, packs=(out, repack) if repack is not None else None)
 
 
 def _union(node: UnionAll, inputs: list) -> Lowered:
@@ -525,7 +575,7 @@ def _keyed(inp: Lowered, frame, op, key_groups: Optional[int], packed_source=Non
     # has them packed where they are made (docs/runtime.md, "Packing in the
     # line task", "Packing in the operator before")
     source = inp.packed_source(frame) if packed_source is None else packed_source
-    df = _ReaderRows(frame) if frame is inp.reader else frame
+    df = _Deferred.reader_rows(frame) if frame is inp.reader else frame
     out, repack = keyed_step(df, op, key_groups=key_groups, packed_source=source, null_columns=null_columns)
     return inp.then(out, op, packs=(out, repack) if repack is not None else None)
 
@@ -598,13 +648,62 @@ def _filter(node: Filter, inp: Lowered) -> Lowered:
     return dataclasses.replace(inp, frame=inp.df.where(cond))
 
 
-def _join(node: Join, left: Lowered, right: Lowered) -> Lowered:
+def _join_operator(node: Join, left_schema, right_schema) -> tuple:
+    """(the join's input layout, the join) over inputs of those Spark schemas."""
     from ..operators.join import JoinInputLayout, RegularJoin
-    layout = JoinInputLayout(operator_schema_of(left.data_schema), operator_schema_of(right.data_schema),
+    layout = JoinInputLayout(operator_schema_of(left_schema), operator_schema_of(right_schema),
                              node.left_keys, node.right_keys)
     left_spec, right_spec = join_input_specs(node)
-    op = RegularJoin(layout, node.how, left_spec.unique_key, right_spec.unique_key, node.condition,
-                     node.state_ttl_ms)
+    return layout, RegularJoin(layout, node.how, left_spec.unique_key, right_spec.unique_key, node.condition,
+                               node.state_ttl_ms)
+
+
+def _chained_join(node: Join) -> Lowered:
+    """The two normalizes the join reads and the join, in one keyed step on
+    the join's key groups (``chains.chain_reason``): its input is the
+    union of the normalizes' inputs in the join's layout."""
+    from ..model import PACKED_GROUP_COL, PACKED_ROWS_COL
+    from ..operators.join.regular_join import LEFT, RIGHT
+    from ..runtime.keyed_chain import KeyedChain
+    inputs = (lower(node.left.input), lower(node.right.input))
+    normalizes = tuple(_normalize_operator(n, i.data_schema) for n, i in zip((node.left, node.right), inputs))
+    layout, op = _join_operator(node, *(_step_output_schema(n) for n in normalizes))
+    chain = KeyedChain.join(*normalizes, op, layout)
+    union = _Deferred(_spark_schema_of(layout.union_schema, any(METRICS_COL in i.schema.fieldNames()
+                                                                     for i in inputs)),
+                      inputs[0].is_streaming,
+                      inputs[0].reader.spark if inputs[0].defers_rows else inputs[0].frame.sparkSession,
+                      lambda: layout.spark_union(inputs[0].df, inputs[1].df))
+    sources = [i.packed_source(i.frame) for i in inputs]
+
+    def packed_source(pack):
+        # each input's line task packs its rows in the union layout
+        # (``JoinInputLayout.arrow_side``), and the packed rows pass the union
+        packed = [src(lambda t, side=side: pack(layout.arrow_side(t, side)))
+                  for side, src in ((LEFT, sources[0]), (RIGHT, sources[1]))]
+        if any(p is None for p in packed):
+            return None
+        return layout.spark_union(*packed, keep=(PACKED_GROUP_COL, PACKED_ROWS_COL))
+
+    out, repack = chained_step(union, chain, key_groups=node.key_groups,
+                               packed_source=packed_source if None not in sources else None)
+    entry = tuple(dict.fromkeys((inputs[0].entry if inputs[0].operators else normalizes[:1])
+                                + (inputs[1].entry if inputs[1].operators else normalizes[1:])))
+    return Lowered(out, inputs[0].operators + inputs[1].operators + chain.operators, entry,
+                   packs=(out, repack) if repack is not None else None)
+
+
+def _spark_schema_of(schema, side_rows: bool):
+    """The Spark schema of rows in the Arrow ``schema`` (plus the side
+    rows' column)."""
+    from pyspark.sql.types import StringType, StructField
+    from ..runtime.keyed_rows import spark_schema
+    out = spark_schema(schema)
+    return out.add(StructField(METRICS_COL, StringType())) if side_rows else out
+
+
+def _join(node: Join, left: Lowered, right: Lowered) -> Lowered:
+    layout, op = _join_operator(node, left.data_schema, right.data_schema)
     # one pass over each input: side rows go into the union with null data columns
     union = layout.spark_union(left.df, right.df)
     entry = tuple(dict.fromkeys((left.entry if left.operators else (op,))

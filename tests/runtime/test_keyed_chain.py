@@ -1,0 +1,333 @@
+"""Chained keyed operators (docs/runtime.md, "Chained keyed operators"): the
+sink upsert materializer on ``(g, id)`` after the normalize on ``id`` runs in
+one keyed step on the normalize's key groups.  Its results are those of the
+unchained run (streaming over two micro-batches and batch: the table, the
+emitted changelog per key, the report's counters), the plan has one stateful
+step for the two operators, explain says why, a checkpoint records the
+layout, and a checkpoint written unchained keeps running unchained."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+
+import pytest
+
+from crash_pipelines import PIPELINES
+from kill_restart import COLS as KR_COLS, EXPECTED_TABLE, Crash, write_input
+
+from spark_changelog.plan import execute as execute_module
+from spark_changelog.plan import fingerprint as fingerprint_module
+from spark_changelog.plan.fingerprint import read_fingerprint, rescale_fingerprint
+from spark_changelog.runtime import checkpoint as checkpoint_module
+from spark_changelog.runtime.checkpoint import check_checkpoint, keyed_state_pairs
+from spark_changelog.runtime.rescale import rescale_checkpoint
+from spark_changelog.sinks.changelog import read_changelog
+from spark_changelog.sinks.delta import read_table
+from spark_changelog.sql.runner import run_script
+from spark_changelog.sql.script import parse_script
+from tests.delta_scan import scan_delta
+from tests.runtime.test_operator_packing import _debezium_files
+
+COLS = "id BIGINT, g BIGINT, v BIGINT"
+
+
+def _script(src: str, out: str, sink: str = "delta") -> str:
+    where = f", 'path' = '{out}/t'" if sink == "delta" else ""
+    return ("SET 'table.exec.sink.upsert-materialize' = 'force';\n"
+            f"CREATE TEMPORARY TABLE s ({COLS}, PRIMARY KEY (id) NOT ENFORCED) WITH ('connector' = "
+            f"'filesystem', 'path' = '{src}', 'format' = 'debezium-json', 'source.max-files-per-trigger' = '1');\n"
+            f"CREATE TEMPORARY TABLE t ({COLS}, PRIMARY KEY (g, id) NOT ENFORCED) "
+            f"WITH ('connector' = '{sink}'{where});\n"
+            "INSERT INTO t SELECT id, g, v FROM s;\n")
+
+
+@pytest.fixture
+def source(tmp_path):
+    src = str(tmp_path / "s")
+    final = _debezium_files(src, seed=5, ids=60, per_file=200)
+    return src, sorted((r["g"], r["id"], r["v"]) for r in final.values())
+
+
+def _unchained(monkeypatch):
+    """Runs as this version runs a checkpoint written unchained (and a
+    batch run inside ``keyed_chains(False)``)."""
+    for module in (execute_module, fingerprint_module):
+        monkeypatch.setattr(module, "checkpoint_keyed_chains", lambda checkpoint: False)
+    monkeypatch.setattr(execute_module, "chaining", lambda: False)
+
+
+def _run(spark, src: str, out: str, batch: bool = False, key_groups=8):
+    """The SQL script streaming; in a batch run (where the planner inserts
+    no normalize: a bounded input has each key's changes in order) the same
+    chain through the Python API, the normalize asked for."""
+    if batch:
+        from spark_changelog.api import read_debezium
+        stream = read_debezium(spark, src, COLS, ["id"]).normalize(key_groups=key_groups)
+        r = stream.write_upsert(os.path.join(out, "t"), key=["g", "id"], materialize="force",
+                                changelog_path=os.path.join(out, "log"), key_groups=key_groups)
+    else:
+        (run,) = run_script(spark, parse_script(_script(src, out)), batch=False,
+                            checkpoint=os.path.join(out, "ck"), changelog=os.path.join(out, "log"),
+                            key_groups=key_groups, show_progress=False)
+        r = run.report
+    table = sorted(map(tuple, scan_delta(os.path.join(out, "t")).to_pandas()[["g", "id", "v"]]
+                       .itertuples(index=False)))
+    log = read_changelog(os.path.join(out, "log"))
+    # the order of one key's changes is defined, not the order across keys
+    per_key = {}
+    for _, row in log.iterrows():
+        per_key.setdefault((row["g"], row["id"]), []).append((row["op"], row["v"]))
+    # state_rows counts stored rows, superseded versions in older runs too:
+    # how many depends on which keys share a key group's runs
+    counters = {op: {k: v for k, v in c.items() if k not in ("seconds", "state_rows")}
+                for op, c in r.operators.items()}
+    return table, per_key, (r.batches, r.changes_out, r.upserted, r.deleted, counters), r
+
+
+@pytest.mark.parametrize("batch", [False, True], ids=["streaming", "batch"])
+def test_the_chained_run_equals_the_unchained_run(spark, tmp_path, monkeypatch, source, batch):
+    src, expected = source
+    chained = _run(spark, src, str(tmp_path / "chained"), batch)
+    with monkeypatch.context() as m:
+        _unchained(m)
+        plain = _run(spark, src, str(tmp_path / "plain"), batch)
+    assert chained[0] == plain[0] == expected and len(expected) > 20
+    assert chained[1] == plain[1]
+    assert chained[2] == plain[2]
+    assert "keyed chain: one keyed step with the ChangelogNormalize(key=[id])" in chained[3].plan
+    assert "keyed chain" not in plain[3].plan
+    if not batch:
+        assert chained[2][0] == 2
+        assert read_fingerprint(str(tmp_path / "chained" / "ck" / "query"))["keyed_chains"] is True
+        assert read_fingerprint(str(tmp_path / "plain" / "ck" / "query"))["keyed_chains"] is False
+
+
+def test_the_chain_is_one_stateful_step(spark, tmp_path, source):
+    """One ``transformWithStateInPandas`` for the two operators; its state
+    holds each link's variables, the materializer's ``meta`` recording the
+    normalize's key as its group key."""
+    from spark_changelog.plan import lower as lower_module
+    from spark_changelog.sql.translate import Translator
+    (planned,) = [p for _, p in Translator(spark, parse_script(_script(source[0], str(tmp_path / "o"))),
+                                           streaming=True).statements() if isinstance(p, list)]
+    (insert,) = planned
+    low = lower_module.lower(insert.plan())
+    plan = low.df._jdf.queryExecution().analyzed().toString()
+    assert plan.count("TransformWithStateInPySpark") == 1
+    assert [op.name for op in low.operators] == ["ChangelogNormalize", "sink_upsert_materializer"]
+    assert [op.name for op in low.entry] == ["ChangelogNormalize"]
+
+
+def _stage(src: str, staged: str, upto: int) -> None:
+    """Make the first ``upto`` files of ``src`` visible to the stream."""
+    os.makedirs(staged, exist_ok=True)
+    for name in sorted(os.listdir(src))[:upto]:
+        if not os.path.exists(os.path.join(staged, name)):
+            os.link(os.path.join(src, name), os.path.join(staged, name))
+
+
+def test_a_chained_checkpoint_is_checked_and_rescaled(spark, tmp_path, monkeypatch, source):
+    """``check`` reads every link's state (the materializer's is the step's
+    second pair of variables), and ``rescale`` regroups each link by the
+    chain's key: the query resumes with 4 key groups instead of 32 and its
+    table and changelog are those of one uninterrupted run."""
+    src, expected = source
+    staged, out = str(tmp_path / "staged"), str(tmp_path / "out")
+    _stage(src, staged, 1)
+    assert _run(spark, staged, out, key_groups=None)[2][0] == 1
+    ck = os.path.join(out, "ck")
+    (query,) = checkpoint_module.query_dirs(ck)
+    assert keyed_state_pairs(os.path.join(query, "state", "0")) == [("meta", "runs"), ("meta1", "runs1")]
+    assert check_checkpoint(ck, spark).ok
+    with monkeypatch.context() as m:
+        m.setattr(checkpoint_module, "_undecodable", lambda blob: "does not decode (test)")
+        problems = [f.text for f in check_checkpoint(ck, spark).findings if f.problem]
+    assert any("(sink_upsert_materializer), key group" in p for p in problems)
+    assert any("(ChangelogNormalize), key group" in p for p in problems)
+
+    report = rescale_checkpoint(spark, ck, 4, edit=rescale_fingerprint, quiet_seconds=0)
+    shutil.rmtree(report.kept)
+    assert [(o.name, o.key, o.groups_before) for o in report.operators] == \
+        [("ChangelogNormalize", ["id"], 32), ("sink_upsert_materializer", ["g", "id"], 32)]
+    assert all(o.keys > 20 for o in report.operators)
+    fp = read_fingerprint(os.path.join(ck, "query"))
+    assert (fp["key_groups"], fp["keyed_chains"]) == (4, True)
+    assert check_checkpoint(ck, spark).ok
+    _stage(src, staged, 2)
+    table, per_key, counts, _ = _run(spark, staged, out, key_groups=None)
+    assert counts[0] == 1
+    whole = _run(spark, src, str(tmp_path / "whole"), key_groups=None)
+    assert table == whole[0] == expected
+    # the -U/-D of keys updated after the rescale found their moved state
+    assert per_key == whole[1]
+
+
+def test_a_checkpoint_written_unchained_keeps_running_unchained(spark, tmp_path, monkeypatch, source):
+    """The first micro-batch runs with the code before chains (no
+    ``keyed_chains`` in the fingerprint, a stateful operator each); the
+    second resumes the same checkpoint unchained and finds every key's
+    state: the table and changelog are the chained run's."""
+    src, expected = source
+    staged = str(tmp_path / "staged")
+    out = str(tmp_path / "old")
+    _stage(src, staged, 1)
+    with monkeypatch.context() as m:
+        _unchained(m)
+        _run(spark, staged, out)
+    fp_path = os.path.join(out, "ck", "query", "plan-fingerprint.json")
+    with open(fp_path) as fh:
+        fp = json.load(fh)
+    del fp["keyed_chains"]          # as written before the field existed
+    with open(fp_path, "w") as fh:
+        json.dump(fp, fh)
+    _stage(src, staged, 2)
+    table, per_key, counts, report = _run(spark, staged, out)
+    assert counts[0] == 1 and "keyed chain" not in report.plan
+    assert read_fingerprint(os.path.join(out, "ck", "query"))["keyed_chains"] is False
+    chained = _run(spark, src, str(tmp_path / "chained"))
+    assert table == chained[0] == expected
+    assert per_key == chained[1]
+
+
+# -- kill -9 and replay ---------------------------------------------------------
+def _prepare_crash(d, fixture):
+    write_input(d / "in")
+    return [d / "in", d / "table", d / "ck", d / "log"]
+
+
+#: tests/crash_pipelines.py's normalize_materialize (the normalize and the
+#: materializer on (name, id), chained), killed inside micro-batch 1 after
+#: its sinks committed and before Spark's commit
+CRASHES = {"chain": Crash("normalize_materialize", _prepare_crash, hang_after=1)}
+
+
+def _changelog(path):
+    return [(r["op"], r["id"], r["name"], r["score"]) for _, r in read_changelog(path).iterrows()]
+
+
+@pytest.mark.slow
+@pytest.mark.shared_crash("chain")
+def test_a_chain_killed_mid_batch_resumes_exactly(spark, crashed, tmp_path):
+    """The resumed run replays batch 1 from the chain's state and ends with
+    the table and changelog of an uninterrupted run (the materializer's
+    moves between (name, id) keys are -D/+I pairs that need its state)."""
+    run = crashed("chain")
+    assert run.status == "committed chain 1", run.status
+    report = run.resume(spark)
+    assert (report.batches, report.replayed_batches) == (3, 1)
+    table = sorted(map(tuple, read_table(run.directory / "table")[KR_COLS].astype(object).values.tolist()))
+    assert table == EXPECTED_TABLE
+    whole = tmp_path / "whole"
+    write_input(whole / "in")
+    PIPELINES["normalize_materialize"](spark, [str(whole / p) for p in ("in", "table", "ck", "log")])
+    expected = _changelog(whole / "log")
+    assert ("-D", 1, "a", 1) in expected and ("+I", 1, "a2", 2) in expected
+    assert _changelog(run.directory / "log") == expected
+
+
+def test_a_replayed_chain_batch_writes_byte_identical_state(spark, tmp_path):
+    """The last micro-batch's commit and state files removed, the next run
+    replays it from the same state: the chain's state changelog files (both
+    links' variables) are written again byte for byte."""
+    src = str(tmp_path / "s")
+    _debezium_files(src, seed=7, ids=40, per_file=120, files=3)
+    out = str(tmp_path / "out")
+    assert _run(spark, src, out)[2][0] == 3
+    (query,) = checkpoint_module.query_dirs(os.path.join(out, "ck"))
+    version = "3"
+    state = sorted(glob.glob(os.path.join(query, "state", "*", "*", f"{version}.changelog")))
+    first = {p: open(p, "rb").read() for p in state}
+    assert len(first) == 2 and min(len(b) for b in first.values()) > 200
+    for part in glob.glob(os.path.join(query, "state", "*", "*")):
+        _remove(part, version)
+    _remove(os.path.join(query, "commits"), "2")
+    table = _run(spark, src, out)
+    assert table[3].replayed_batches == 1
+    assert {p: open(p, "rb").read() for p in state} == first
+
+
+def _remove(directory, stem: str) -> None:
+    """The files named ``stem.*`` or ``stem`` and their hidden ``.crc`` siblings."""
+    for name in os.listdir(directory):
+        if name.lstrip(".").split(".")[0] == stem:
+            os.remove(os.path.join(directory, name))
+
+
+# -- two normalizes and the join --------------------------------------------------
+def _join_script(s1: str, s2: str, out: str) -> str:
+    src = ("CREATE TEMPORARY TABLE {n} ({c}, PRIMARY KEY (id) NOT ENFORCED) WITH ('connector' = 'filesystem', "
+           "'path' = '{p}', 'format' = 'debezium-json', 'source.max-files-per-trigger' = '1');\n")
+    return (src.format(n="s1", c=COLS, p=s1) + src.format(n="s2", c=COLS, p=s2)
+            + f"CREATE TEMPORARY TABLE j (id BIGINT, g BIGINT, v BIGINT, g2 BIGINT, v2 BIGINT, "
+              f"PRIMARY KEY (id) NOT ENFORCED) WITH ('connector' = 'delta', 'path' = '{out}/j');\n"
+            + "INSERT INTO j SELECT s1.id, s1.g, s1.v, s2.g AS g2, s2.v AS v2 FROM s1 JOIN s2 ON s1.id = s2.id;\n")
+
+
+def _run_join(spark, s1: str, s2: str, out: str, batch: bool = False):
+    """The join script streaming; batch through the Python API with the
+    normalizes asked for (a batch plan inserts none)."""
+    if batch:
+        from spark_changelog.api import read_debezium
+        left, right = (read_debezium(spark, s, COLS, ["id"]).normalize(key_groups=8) for s in (s1, s2))
+        joined = left.join(right, on=["id"], key_groups=8).select(id="id", g="g", v="v", g2="g0", v2="v0")
+        r = joined.write_upsert(os.path.join(out, "j"), key=["id"], changelog_path=os.path.join(out, "log"),
+                                key_groups=8)
+    else:
+        (run,) = run_script(spark, parse_script(_join_script(s1, s2, out)), batch=False,
+                            checkpoint=os.path.join(out, "ck"), changelog=os.path.join(out, "log"),
+                            key_groups=8, show_progress=False)
+        r = run.report
+    table = scan_delta(os.path.join(out, "j")).to_pandas()
+    cols = sorted(table.columns)
+    rows = sorted(map(tuple, table[cols].itertuples(index=False)))
+    per_key = {}
+    for _, row in read_changelog(os.path.join(out, "log")).iterrows():
+        per_key.setdefault(row["id"], []).append(tuple(row[c] for c in ["op"] + cols))
+    counters = {op: {k: v for k, v in c.items() if k not in ("seconds", "state_rows")}
+                for op, c in r.operators.items()}
+    return rows, per_key, (r.batches, r.changes_out, r.upserted, r.deleted, counters), r
+
+
+@pytest.fixture
+def join_sources(tmp_path):
+    s1, s2 = str(tmp_path / "s1"), str(tmp_path / "s2")
+    final1 = _debezium_files(s1, seed=11, ids=50, per_file=150)
+    final2 = _debezium_files(s2, seed=12, ids=50, per_file=150)
+    expected = sorted((r["g"], final2[i]["g"], i, r["v"], final2[i]["v"])
+                      for i, r in final1.items() if i in final2)
+    return s1, s2, expected
+
+
+@pytest.mark.parametrize("batch", [False, True], ids=["streaming", "batch"])
+def test_the_chained_join_equals_the_unchained_join(spark, tmp_path, monkeypatch, join_sources, batch):
+    """Both normalizes and the join in one keyed step: the table (columns
+    in name order: g, g2, id, v, v2), every key's changelog and the
+    counters are the unchained run's."""
+    s1, s2, expected = join_sources
+    chained = _run_join(spark, s1, s2, str(tmp_path / "chained"), batch)
+    with monkeypatch.context() as m:
+        _unchained(m)
+        plain = _run_join(spark, s1, s2, str(tmp_path / "plain"), batch)
+    assert chained[0] == plain[0] == expected and len(expected) > 15
+    assert chained[1] == plain[1]
+    assert chained[2] == plain[2]
+    assert "keyed chain: one keyed step with the ChangelogNormalize(key=[id]) and" in chained[3].plan
+    assert "keyed chain" not in plain[3].plan
+
+
+def test_the_chained_join_is_one_stateful_step_read_packed(spark, tmp_path, join_sources):
+    """One ``transformWithStateInPandas`` for the three operators, and each
+    source's line task packs its rows for it (one read plan per source)."""
+    from spark_changelog.plan import lower as lower_module
+    from spark_changelog.sql.translate import Translator
+    s1, s2, _ = join_sources
+    (planned,) = [p for _, p in Translator(spark, parse_script(_join_script(s1, s2, str(tmp_path / "o"))),
+                                           streaming=True).statements() if isinstance(p, list)]
+    (insert,) = planned
+    low = lower_module.lower(insert.plan())
+    plan = low.df._jdf.queryExecution().analyzed().toString()
+    assert plan.count("TransformWithStateInPySpark") == 1
+    assert plan.count("_packed_rows") >= 2
+    assert [op.name for op in low.operators] == ["ChangelogNormalize", "ChangelogNormalize", "RegularJoin"]
