@@ -138,10 +138,6 @@ class KeyedChain:
         return cls((left, right, join), feeds, join, (left.key, right.key, join.key))
 
     @property
-    def name(self) -> str:
-        return " -> ".join(op.name for op in self.operators)
-
-    @property
     def last(self) -> KeyedOperator:
         return self.operators[-1]
 

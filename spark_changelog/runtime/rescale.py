@@ -31,8 +31,12 @@ so the rescale rewrites it, offline:
    swapped with the original in one rename (``renameat2``'s exchange); the
    original is kept beside it until the caller deletes it.
 
-Other state (keep-first's deduplication, window operators, whose count is
-their own) is copied as it is.  The whole state of one operator passes
+A chained step (``key_group_processor.KeyedChainProcessor``) holds a
+``(meta, runs)`` pair per link: each link is regrouped by the key its
+``meta`` records as ``group_key`` (the chain's key, in the link's columns),
+and one query writes all the pairs of the step.  Other state (keep-first's
+deduplication, window operators, whose count is their own) is copied as it
+is.  The whole state of one operator passes
 through the driver: fine for the state of a laptop's or a small cluster's
 query, a limit for very large state (docs/deploy.md, "Rescaling").
 """

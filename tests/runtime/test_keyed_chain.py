@@ -16,6 +16,7 @@ import pytest
 
 from crash_pipelines import PIPELINES
 from kill_restart import COLS as KR_COLS, EXPECTED_TABLE, Crash, write_input
+from long_variants import long_only
 
 from spark_changelog.plan import execute as execute_module
 from spark_changelog.plan import fingerprint as fingerprint_module
@@ -265,7 +266,7 @@ def _join_script(s1: str, s2: str, out: str) -> str:
             + "INSERT INTO j SELECT s1.id, s1.g, s1.v, s2.g AS g2, s2.v AS v2 FROM s1 JOIN s2 ON s1.id = s2.id;\n")
 
 
-def _run_join(spark, s1: str, s2: str, out: str, batch: bool = False):
+def _run_join(spark, s1: str, s2: str, out: str, batch: bool = False, key_groups=8):
     """The join script streaming; batch through the Python API with the
     normalizes asked for (a batch plan inserts none)."""
     if batch:
@@ -277,7 +278,7 @@ def _run_join(spark, s1: str, s2: str, out: str, batch: bool = False):
     else:
         (run,) = run_script(spark, parse_script(_join_script(s1, s2, out)), batch=False,
                             checkpoint=os.path.join(out, "ck"), changelog=os.path.join(out, "log"),
-                            key_groups=8, show_progress=False)
+                            key_groups=key_groups, show_progress=False)
         r = run.report
     table = scan_delta(os.path.join(out, "j")).to_pandas()
     cols = sorted(table.columns)
@@ -331,3 +332,29 @@ def test_the_chained_join_is_one_stateful_step_read_packed(spark, tmp_path, join
     assert plan.count("TransformWithStateInPySpark") == 1
     assert plan.count("_packed_rows") >= 2
     assert [op.name for op in low.operators] == ["ChangelogNormalize", "ChangelogNormalize", "RegularJoin"]
+
+
+@long_only("two streaming runs of the join chain, a rescale of its three links and a whole run")
+def test_a_chained_join_checkpoint_rescaled_resumes_exactly(spark, tmp_path, join_sources):
+    """The rescale regroups each of the three links by its own group key
+    (the left normalize's ``id``, the right one's ``id``, the join's
+    ``__jk0``), and the resumed join ends as one uninterrupted run."""
+    s1, s2, expected = join_sources
+    staged = {n: str(tmp_path / f"staged-{n}") for n in ("s1", "s2")}
+    out = str(tmp_path / "out")
+    for n, src in (("s1", s1), ("s2", s2)):
+        _stage(src, staged[n], 1)
+    assert _run_join(spark, staged["s1"], staged["s2"], out, key_groups=None)[2][0] == 1
+    ck = os.path.join(out, "ck")
+    report = rescale_checkpoint(spark, ck, 4, edit=rescale_fingerprint, quiet_seconds=0)
+    shutil.rmtree(report.kept)
+    assert [(o.name, o.key) for o in report.operators] == \
+        [("ChangelogNormalize", ["id"]), ("ChangelogNormalize", ["id"]), ("RegularJoin", ["__jk0"])]
+    assert check_checkpoint(ck, spark).ok
+    for n, src in (("s1", s1), ("s2", s2)):
+        _stage(src, staged[n], 2)
+    rows, per_key, counts, _ = _run_join(spark, staged["s1"], staged["s2"], out, key_groups=None)
+    assert counts[0] == 1
+    whole = _run_join(spark, s1, s2, str(tmp_path / "whole"), key_groups=None)
+    assert rows == whole[0] == expected
+    assert per_key == whole[1]
