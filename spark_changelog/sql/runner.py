@@ -83,6 +83,22 @@ def explain_script(spark, script: Script, fmt: str = "text", *, batch: bool = Fa
     return "\n\n".join(out)
 
 
+def _prestart_forks(spark) -> None:
+    """The driver's fork server for the stateful operators' pre-init
+    processes (runtime/driver_worker_forks.py) started before the script is
+    translated, not just before its query starts: its imports then run on
+    the other core while the JVM builds the first job's plans, and it is
+    ready when the first query's planning asks for it (docs/runtime.md,
+    "From the process's start to the first job's query").  Not for a Spark
+    Connect client (the server's driver is not this process's)."""
+    from ..connectors.session_info import is_connect
+    if is_connect(spark):
+        return
+    from ..runtime.driver_worker_forks import prestart
+    from ..runtime.worker_launcher import launcher
+    prestart(spark, launcher())
+
+
 def run_script(spark, script: Script, *, batch: bool, checkpoint: Optional[str] = None,
                dead_letter: Optional[str] = None, strict: bool = False,
                key_groups: Optional[int] = None, show_progress: bool = True,
@@ -107,6 +123,8 @@ def run_script(spark, script: Script, *, batch: bool, checkpoint: Optional[str] 
     sink_out, out = out, out or sys.stdout
     if not batch and not checkpoint:
         raise UsageError("a streaming run needs --checkpoint DIR (or run it with --batch)")
+    if not batch:
+        _prestart_forks(spark)
     translator = Translator(spark, script, streaming=not batch, strict=strict,
                             key_groups=key_groups)
     inserts: list[PlannedInsert] = []
