@@ -28,6 +28,7 @@ from spark_changelog.sinks.changelog import read_changelog
 from spark_changelog.sql.script import parse_script
 from spark_changelog.sql.translate import Translator
 from tests.changelog_data import set_arrival
+from tests.long_variants import long_only
 
 #: a minute boundary (epoch ms)
 T0 = 1_600_000_020_000
@@ -63,10 +64,11 @@ GROUP BY window_start, window_end;
 """
 
 
-def _write(tmp_path, files=FILES) -> str:
+def _write(tmp_path, files=FILES, first: int = 0) -> str:
+    """``files`` as ``in/part-<i>.json`` (``i`` from ``first``), arriving in that order."""
     d = tmp_path / "in"
-    d.mkdir()
-    for i, lines in enumerate(files):
+    d.mkdir(exist_ok=True)
+    for i, lines in enumerate(files, start=first):
         path = str(d / f"part-{i}.json")
         with open(path, "w") as fh:
             fh.write("".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in lines))
@@ -122,6 +124,27 @@ def test_a_window_packed_in_the_line_task_gives_the_unpacked_runs_changelog(spar
     assert (packed.batches, packed.late_rows, packed.invalid, packed.changes_out) == \
         (plain.batches, plain.late_rows, plain.invalid, plain.changes_out) == (3, 2, 1, 3)
     assert packed.counters == plain.counters
+
+
+@long_only("two streaming queries on one checkpoint")
+def test_a_checkpoint_written_without_line_packing_continues_with_it(spark, tmp_path, monkeypatch):
+    """The line task gives each row the key group the packing pass gave it
+    and the state is the same, so a query whose first micro-batch ran on
+    Spark's path continues, on the same checkpoint, packed in the line task:
+    the same changelog and late rows as a run that never packs."""
+    out = str(tmp_path / "out")
+    inp = _write(tmp_path, FILES[:1])
+    with monkeypatch.context() as m:
+        m.setattr(ReadResult, "packed_rows", lambda self, packer: None)
+        _run(spark, inp, out)
+    _write(tmp_path, FILES[1:], first=1)
+    with monkeypatch.context() as m:
+        packers = _recording(m)
+        report, changes, late = _run(spark, inp, out)
+    assert packers
+    assert changes == EXPECTED
+    assert late == [(0, 9, "the event time is null"), (2, 5, "window closed")]
+    assert report.batches == 2
 
 
 def test_a_computed_column_the_line_task_cannot_compute_keeps_sparks_path(spark, tmp_path, monkeypatch):
