@@ -261,6 +261,57 @@ def _check_state_files(q: str, name: str, last: Optional[int], findings: list) -
                     f"state of operator {op} ({op_name or 'unknown'}), partition "
                     f"{os.path.basename(part)}: the state after batch {last} cannot be loaded: "
                     f"changelog file(s) {missing} missing")))
+                continue
+            needed = ([f"{base}.zip"] if base else []) + [f"{v}.changelog" for v in range(base + 1, version + 1)]
+            for f in needed:
+                problem = _state_file_problem(os.path.join(part, f))
+                if problem:
+                    findings.append(Finding(name, True, (
+                        f"state of operator {op} ({op_name or 'unknown'}), partition "
+                        f"{os.path.basename(part)}: the state after batch {last} cannot be loaded: "
+                        f"{f} {problem}")))
+
+
+#: lz4-java's block stream (Spark's default state store codec): each block
+#: ``LZ4Block``, a token (method | level), compressed and original length
+#: and a checksum (little-endian ints), then the block; an empty block ends it
+_LZ4_MAGIC = b"LZ4Block"
+_LZ4_HEADER = 21
+
+
+def _state_file_problem(path: str) -> Optional[str]:
+    """What a files-only look finds wrong with a state file the next run
+    loads: a snapshot's zip entries against their CRCs, a changelog's LZ4
+    block framing (a cut or torn file; the blocks' own checksums are
+    verified when Spark reads them, ``check`` with Spark)."""
+    import zipfile
+    try:
+        if path.endswith(".zip"):
+            with zipfile.ZipFile(path) as z:
+                bad = z.testzip()
+            return f"is damaged (zip entry {bad} fails its CRC)" if bad else None
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except (OSError, zipfile.BadZipFile, EOFError, zlib.error) as e:
+        return f"is damaged ({e})"
+    if not data.startswith(_LZ4_MAGIC):
+        return None                     # another codec: not looked into
+    pos, ended = 0, False
+    while pos < len(data):
+        if len(data) - pos < _LZ4_HEADER:
+            break
+        if data[pos:pos + len(_LZ4_MAGIC)] != _LZ4_MAGIC:
+            return f"is damaged (no LZ4 block header at byte {pos})"
+        method = data[pos + 8] & 0xF0
+        compressed, original = struct.unpack_from("<ii", data, pos + 9)
+        if method not in (0x10, 0x20) or compressed < 0 or original < 0 \
+                or (method == 0x10 and compressed != original):
+            return f"is damaged (a bad LZ4 block header at byte {pos})"
+        pos += _LZ4_HEADER + compressed
+        ended = original == 0
+    if pos != len(data) or not ended:
+        return "is cut short (its last LZ4 block or the end mark is missing)"
+    return None
 
 
 def _check_keyed_state(spark, q: str, name: str, last: Optional[int], findings: list) -> None:

@@ -45,6 +45,26 @@ def test_a_missing_state_changelog_names_operator_partition_and_batch(good, caps
     assert capsys.readouterr().out.splitlines()[-1] == f"checkpoint {good}: 1 problem(s)"
 
 
+def test_a_cut_changelog_and_a_damaged_snapshot_are_found_without_spark(good):
+    """Checkpoints written now have no Hadoop .crc beside the state files:
+    a files-only check reads the files the next run loads themselves (the
+    changelog's LZ4 block framing, the snapshot's zip entries against their
+    CRCs)."""
+    part = good / "main" / "state" / "0" / "1"
+    for f in ("2.changelog", "1.zip"):
+        os.remove(part / f".{f}.crc")
+    changelog = part / "2.changelog"
+    changelog.write_bytes(changelog.read_bytes()[:-10])
+    snapshot = part / "1.zip"
+    data = bytearray(snapshot.read_bytes())
+    data[len(data) // 2] ^= 0x55
+    snapshot.write_bytes(bytes(data))
+    where = f"error: main: state of {OP}, partition 1: the state after batch 1 cannot be loaded: "
+    problems = _problems(good)
+    assert problems[1] == where + "2.changelog is cut short (its last LZ4 block or the end mark is missing)"
+    assert len(problems) == 2 and problems[0].startswith(where + "1.zip is damaged ("), problems
+
+
 def test_a_dropped_replay_write_is_found(good):
     part = good / "main" / "state" / "0" / "0"
     tmp = part / ".2.changelog.5f3899b4-1c2b-4d16-8674-b9ed1ced50eb.TID7.tmp"
