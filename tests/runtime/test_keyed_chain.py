@@ -44,11 +44,20 @@ def _script(src: str, out: str, sink: str = "delta") -> str:
             "INSERT INTO t SELECT id, g, v FROM s;\n")
 
 
-@pytest.fixture
-def source(tmp_path):
-    src = str(tmp_path / "s")
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    src = str(tmp_path_factory.mktemp("chain") / "s")
     final = _debezium_files(src, seed=5, ids=60, per_file=200)
     return src, sorted((r["g"], r["id"], r["v"]) for r in final.values())
+
+
+@pytest.fixture(scope="module")
+def chained_whole(spark, source, tmp_path_factory):
+    """One uninterrupted chained streaming run over ``source`` (two
+    micro-batches, the default key groups): what the other runs of these
+    files are compared with; its output directory last."""
+    out = str(tmp_path_factory.mktemp("chained-whole"))
+    return _run(spark, source[0], out, key_groups=None) + (out,)
 
 
 def _unchained(monkeypatch):
@@ -88,12 +97,13 @@ def _run(spark, src: str, out: str, batch: bool = False, key_groups=8):
 
 
 @pytest.mark.parametrize("batch", [False, True], ids=["streaming", "batch"])
-def test_the_chained_run_equals_the_unchained_run(spark, tmp_path, monkeypatch, source, batch):
+def test_the_chained_run_equals_the_unchained_run(spark, tmp_path, monkeypatch, source, chained_whole, batch):
     src, expected = source
-    chained = _run(spark, src, str(tmp_path / "chained"), batch)
+    groups = 8 if batch else None
+    chained = _run(spark, src, str(tmp_path / "chained"), batch, groups) if batch else chained_whole
     with monkeypatch.context() as m:
         _unchained(m)
-        plain = _run(spark, src, str(tmp_path / "plain"), batch)
+        plain = _run(spark, src, str(tmp_path / "plain"), batch, groups)
     assert chained[0] == plain[0] == expected and len(expected) > 20
     assert chained[1] == plain[1]
     assert chained[2] == plain[2]
@@ -101,7 +111,7 @@ def test_the_chained_run_equals_the_unchained_run(spark, tmp_path, monkeypatch, 
     assert "keyed chain" not in plain[3].plan
     if not batch:
         assert chained[2][0] == 2
-        assert read_fingerprint(str(tmp_path / "chained" / "ck" / "query"))["keyed_chains"] is True
+        assert read_fingerprint(os.path.join(chained[4], "ck", "query"))["keyed_chains"] is True
         assert read_fingerprint(str(tmp_path / "plain" / "ck" / "query"))["keyed_chains"] is False
 
 
@@ -129,7 +139,7 @@ def _stage(src: str, staged: str, upto: int) -> None:
             os.link(os.path.join(src, name), os.path.join(staged, name))
 
 
-def test_a_chained_checkpoint_is_checked_and_rescaled(spark, tmp_path, monkeypatch, source):
+def test_a_chained_checkpoint_is_checked_and_rescaled(spark, tmp_path, monkeypatch, source, chained_whole):
     """``check`` reads every link's state (the materializer's is the step's
     second pair of variables), and ``rescale`` regroups each link by the
     chain's key: the query resumes with 4 key groups instead of 32 and its
@@ -159,13 +169,14 @@ def test_a_chained_checkpoint_is_checked_and_rescaled(spark, tmp_path, monkeypat
     _stage(src, staged, 2)
     table, per_key, counts, _ = _run(spark, staged, out, key_groups=None)
     assert counts[0] == 1
-    whole = _run(spark, src, str(tmp_path / "whole"), key_groups=None)
+    whole = chained_whole
     assert table == whole[0] == expected
     # the -U/-D of keys updated after the rescale found their moved state
     assert per_key == whole[1]
 
 
-def test_a_checkpoint_written_unchained_keeps_running_unchained(spark, tmp_path, monkeypatch, source):
+def test_a_checkpoint_written_unchained_keeps_running_unchained(spark, tmp_path, monkeypatch, source,
+                                                                chained_whole):
     """The first micro-batch runs with the code before chains (no
     ``keyed_chains`` in the fingerprint, a stateful operator each); the
     second resumes the same checkpoint unchained and finds every key's
@@ -187,7 +198,7 @@ def test_a_checkpoint_written_unchained_keeps_running_unchained(spark, tmp_path,
     table, per_key, counts, report = _run(spark, staged, out)
     assert counts[0] == 1 and "keyed chain" not in report.plan
     assert read_fingerprint(os.path.join(out, "ck", "query"))["keyed_chains"] is False
-    chained = _run(spark, src, str(tmp_path / "chained"))
+    chained = chained_whole
     assert table == chained[0] == expected
     assert per_key == chained[1]
 
