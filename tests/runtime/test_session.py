@@ -79,6 +79,8 @@ def test_a_master_and_a_connect_url_exclude_each_other(monkeypatch):
 def test_the_connect_session_sets_only_session_settings():
     from spark_changelog.runtime.session import CONNECT_SESSION_CONFIGS
     assert CONNECT_SESSION_CONFIGS["spark.sql.session.timeZone"] == "UTC"
+    # a repeated JSON key reads as its last value on the VARIANT path there too (docs/sql.md, "Repeated keys")
+    assert CONNECT_SESSION_CONFIGS["spark.sql.variant.allowDuplicateKeys"] == "true"
     assert all(k.startswith("spark.sql.") for k in CONNECT_SESSION_CONFIGS)
     assert "spark.sql.streaming.stateStore.providerClass" not in CONNECT_SESSION_CONFIGS
 
