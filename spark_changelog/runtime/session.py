@@ -50,8 +50,9 @@ DEFAULT_CONFIGS = {
     # A JSON object with a repeated key is read with its last value, as
     # Flink's debezium-json/canal-json/maxwell-json read it; by default the
     # VARIANT path (parse_json, which reads this when the query is planned)
-    # makes such a line a dead letter while the line task's Arrow parse
-    # takes it (docs/sql.md, "Repeated keys")
+    # makes such a line a dead letter, while the line task's Arrow parse
+    # takes it when the repeat is in a field it skips (docs/sql.md,
+    # "Repeated keys")
     "spark.sql.variant.allowDuplicateKeys": "true",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.ui.enabled": "false",
