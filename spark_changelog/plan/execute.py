@@ -70,7 +70,8 @@ def run_sink(sink: Sink, table, *, checkpoint: Optional[str] = None,
     with key_group_id_layout(layout), keyed_chains(chains):
         low = lower(sink)
         plan = explain_plan(sink)
-    report = run_to_sink(low.df, table, key=sink.key, schema=arrow_schema_of(low.data_df),
+    report = run_to_sink(_sink_frame(low, sink.key), table, key=sink.key,
+                         schema=arrow_schema_of(low.data_df),
                          checkpoint=checkpoint, changelog_path=changelog_path,
                          changelog_format=changelog_format, dead_letter=dead_letter,
                          strict=strict, progress=progress, late_output=late_output,
@@ -82,6 +83,23 @@ def run_sink(sink: Sink, table, *, checkpoint: Optional[str] = None,
     report.plan = plan
     report.warnings[:0] = warns
     return report
+
+
+def _sink_frame(low, key) -> object:
+    """What the sink writers read: the last keyed operator's output packed
+    by its processor (``runtime/sink_writers.py``, ``pack_output``) when the
+    sink reads that output as it is and every change of a sink key is in one
+    key group's output (the sink key contains the operator's key, a column
+    of its output under the same name; or no sink key); else the rows.
+    Packed, the changes skip a round trip through Spark rows
+    (docs/runtime.md, "Where the time goes")."""
+    if low.packs is None or low.df is not low.packs[0] or not low.operators:
+        return low.df
+    op = low.operators[-1]
+    if key and not (set(op.key) <= set(key) and set(op.key) <= set(op.output_schema.names)):
+        return low.df
+    from ..runtime.sink_writers import pack_output
+    return low.packs[1](pack_output, low.df.schema)
 
 
 __all__ = ["run_sink", "PlanWarning"]

@@ -623,7 +623,34 @@ def spark_column(item):
 
 
 def _project(node: Project, inp: Lowered) -> Lowered:
-    return dataclasses.replace(inp, frame=_projection(node, inp.df))
+    frame = _projection(node, inp.df)
+    return dataclasses.replace(inp, frame=frame, packs=_packs_through(node, inp, frame))
+
+
+def _packs_through(node: Project, inp: Lowered, frame) -> Optional[tuple]:
+    """``packs`` of a projection ``frame`` that only picks and renames
+    columns of a keyed operator's output read as it is: that operator's
+    processor picks them before it packs (``arrow_packing.Picked``), so the
+    operator or the sink reading the projection still gets the output
+    packed (docs/runtime.md, "Where the time goes"); else None."""
+    if inp.packs is None or inp.df is not inp.packs[0]:
+        return None
+    sources = [_reference(item) for item in node.items]
+    if None in sources:
+        return None
+    from ..runtime.arrow_packing import Picked
+    picked = tuple(zip(sources, (item.name for item in node.items)))
+    repack = inp.packs[1]
+    return frame, lambda pack, schema: repack(Picked(pack, picked), schema)
+
+
+def _reference(item) -> Optional[str]:
+    """The input column a projection item is, renamed or not; None for
+    anything computed (or a user's own Column)."""
+    if item.column is not None or item.source is None or item.expr is None:
+        return None
+    tree = expressions.split_alias(item.expr)[0]
+    return item.source if isinstance(tree, exp.Column) and tree.name == item.source else None
 
 
 def _projection(node: Project, df, extra: tuple = ()):

@@ -17,6 +17,7 @@ from typing import Iterator
 import numpy as np
 import pyarrow as pa
 
+from ..model import KIND_COL, METRICS_COL, SEQ_COL
 from ..operators.kernels import run_starts
 
 #: the column of the packed rows (one Arrow IPC blob per key group and Spark partition)
@@ -38,14 +39,31 @@ _LZ4 = pa.ipc.IpcWriteOptions(compression="lz4")
 _PLAIN = pa.ipc.IpcWriteOptions()
 
 
-def pack(table: pa.Table) -> bytes:
+def pack(table: pa.Table, compress: bool = True) -> bytes:
     """``table`` as one Arrow IPC stream, LZ4-compressed from
-    :data:`COMPRESS_FROM_BYTES` (:func:`unpack` reads either)."""
+    :data:`COMPRESS_FROM_BYTES` unless ``compress`` is false (a blob that
+    stays in its stage, never shuffled); :func:`unpack` reads either."""
     sink = pa.BufferOutputStream()
-    options = _LZ4 if table.nbytes >= COMPRESS_FROM_BYTES else _PLAIN
+    options = _LZ4 if compress and table.nbytes >= COMPRESS_FROM_BYTES else _PLAIN
     with pa.ipc.new_stream(sink, table.schema, options=options) as w:
         w.write_table(table)
     return sink.getvalue().to_pybytes()
+
+
+class Picked:
+    """A ``pack`` (a keyed step's output table -> (group, blob) pairs) of
+    the output after a projection that picks and renames columns
+    (``picked``: (column, output name) pairs); the step's ``_kind``,
+    ``_seq`` and side rows' columns follow as they are (``plan/lower.py``,
+    ``_packs_through``)."""
+
+    def __init__(self, pack, picked: tuple):
+        self.pack, self.picked = pack, tuple(picked)
+
+    def __call__(self, table: pa.Table):
+        rest = [c for c in (KIND_COL, SEQ_COL, METRICS_COL) if c in table.column_names]
+        columns = [table.column(c) for c, _ in self.picked] + [table.column(c) for c in rest]
+        return self.pack(pa.table(columns, names=[n for _, n in self.picked] + rest))
 
 
 def unpack(blobs) -> pa.Table:

@@ -43,7 +43,7 @@ import pyarrow as pa
 
 from ..model import KIND_COL, METRICS_COL, SEQ_COL, as_key
 from ..model.errors import PathError, UserError
-from .sink_writers import split_side_rows
+from .sink_writers import split_side_rows, unpack_output
 
 
 @dataclasses.dataclass
@@ -635,7 +635,7 @@ class BatchHandler:
     def handle(self, batch: pa.Table, batch_id: int, query_id: str) -> dict:
         """One batch's output collected as Arrow (side rows in it) into the sinks -> its record."""
         from ..sinks.base import split_null_keys_arrow
-        data, payloads = split_side_rows(batch)
+        data, payloads = split_side_rows(unpack_output(batch))
         data, rejects = split_null_keys_arrow(data, self.key, self.table_name)
         record = self._side_rows(payloads, rejects, batch_id)
         from .session import native_stderr_to_log

@@ -17,6 +17,17 @@ step (``stage.commit``).
 
 Only picklable config travels: the stage objects (paths, connection string,
 table names, columns), the key and the table name.
+
+The last keyed operator's output may reach the writers *packed*
+(:func:`pack_output`: one Arrow blob per key group, made by its processor)
+instead of as rows: every change then crossed from the operator's Python
+worker to the JVM as a Spark row and back to the writer's Python worker as
+Arrow, about two changes per input row for keep-last dedup (docs/runtime.md,
+"Where the time goes").  The writers unpack it (:func:`unpack_output`).  A
+key group's output is one blob, in one partition, so when the sink key
+contains the operator's key (the condition ``plan/execute.py`` checks before
+it asks for the packed output) every change of a sink key is in one
+partition already and the writers do not repartition.
 """
 from __future__ import annotations
 
@@ -26,7 +37,7 @@ from typing import Iterator, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..model import KIND_COL, METRICS_COL, METRICS_KIND
+from ..model import KIND_COL, METRICS_COL, METRICS_KIND, PACKED_GROUP_COL, PACKED_ROWS_COL
 from ..model.source_watermarks import is_watermark_payload
 
 #: what each partition sends back to the driver: ``kind`` = ``side`` (a side
@@ -52,6 +63,32 @@ def split_side_rows(table: pa.Table) -> tuple[pa.Table, list[dict]]:
     return table.filter(pc.invert(is_metric)).drop_columns([METRICS_COL]), metrics
 
 
+def pack_output(table: pa.Table) -> list[tuple[int, bytes]]:
+    """A keyed step's output (one key group's rows, side rows and metrics
+    row; ``KeyGroupProcessor``'s ``pack``) as one blob for the sink
+    writers: uncompressed, since it stays in its stage (no shuffle between
+    the keyed step and the writers)."""
+    from .arrow_packing import pack
+    return [(0, pack(table, compress=False))] if table.num_rows else []
+
+
+def is_packed(columns) -> bool:
+    return PACKED_ROWS_COL in columns
+
+
+def unpack_output(table: pa.Table) -> pa.Table:
+    """A batch's rows (Arrow, as collected or as a partition's batches) with
+    packed rows (:func:`pack_output`) unpacked, in the blobs' order, with the
+    columns and types of the rows beside them (the keyed step's output as
+    Spark types it); rows without packed columns as they are."""
+    if not is_packed(table.column_names):
+        return table
+    from .arrow_packing import conform, unpack
+    schema = pa.schema([f for f in table.schema if f.name not in (PACKED_GROUP_COL, PACKED_ROWS_COL)])
+    blobs = [b for b in table.column(PACKED_ROWS_COL).to_pylist() if b is not None]
+    return conform(unpack(blobs), schema) if blobs else schema.empty_table()
+
+
 class PartitionWriter:
     """``mapInArrow`` function of the sink writers (picklable)."""
 
@@ -65,7 +102,7 @@ class PartitionWriter:
         batches = list(batches)
         if not batches:
             return
-        table = pa.Table.from_batches(batches)
+        table = unpack_output(pa.Table.from_batches(batches))
         if POSITION_COL in table.column_names:
             table = table.sort_by(POSITION_COL).drop_columns([POSITION_COL])
         data, payloads = split_side_rows(table)
@@ -92,13 +129,15 @@ def write_partitions(df, stages: Sequence, key: Sequence[str], table_name: str
     payloads, null-key rejects, per stage its per-partition counts), the only
     things collected."""
     from pyspark.sql import functions as F
-    if key and any(getattr(stage, "needs_key_together", True) for stage in stages):
+    if key and not is_packed(df.columns) and any(getattr(stage, "needs_key_together", True)
+                                                 for stage in stages):
         tagged = df.withColumn(POSITION_COL, F.monotonically_increasing_id())
         shuffled = tagged.repartition(*[F.col(k) for k in key])
     else:
-        # a sink without a key, or sinks that keep nothing (blackhole): the
-        # partitions as they are, in their own order (no shuffle, as Flink's
-        # blackhole has none)
+        # a sink without a key, sinks that keep nothing (blackhole), or a
+        # packed output (a sink key's changes in one blob, module docstring):
+        # the partitions as they are, in their own order (no shuffle, as
+        # Flink's blackhole has none)
         shuffled = df
     side, rejects, written = [], [], [[] for _ in stages]
     for row in shuffled.mapInArrow(PartitionWriter(stages, key, table_name), RESULT_SCHEMA).collect():
