@@ -416,7 +416,13 @@ def main(argv=None) -> None:
     if any(w in WORKLOADS for w in args.only):
         inputs = vs_flink.ensure_inputs(args.events, args.ids, args.files, args.cache)
         result["workloads"] = workload_rows(args, inputs, root, log, flink)
+    # runs started in the same minute (several people benchmarking at once)
+    # must not overwrite each other's files
     name = f"suite-{stamp}"
+    n = 1
+    while os.path.exists(os.path.join(out_dir, name + ".json")):
+        n += 1
+        name = f"suite-{stamp}-{n}"
     write_results(result, out_dir, name, load0)      # after each part: a later failure keeps the earlier ones
     if "freshness" in args.only:
         print(f"freshness: {args.rate:,.0f} events/s for {args.seconds:.0f} s, trigger {args.trigger}", flush=True)
