@@ -5,7 +5,9 @@ union layout; the join feeding the upsert materializer) gets it packed per
 key group by that operator, so no row of it crosses to the JVM and back.
 The tables and the report are those of the unpacked run, over two
 micro-batches, and a checkpoint whose first micro-batch ran unpacked
-continues packed."""
+continues packed.  The runs here keep the keyed operators unchained (as a
+checkpoint written before chains runs): chained, the join and its two
+normalizes are one step (tests/runtime/test_keyed_chain.py)."""
 from __future__ import annotations
 
 import json
@@ -14,7 +16,10 @@ import os
 import numpy as np
 import pytest
 
+from spark_changelog.plan import execute as execute_module
+from spark_changelog.plan import fingerprint as fingerprint_module
 from spark_changelog.plan import lower as lower_module
+from spark_changelog.plan.chains import keyed_chains
 from spark_changelog.sql.runner import run_script
 from spark_changelog.sql.script import parse_script
 from tests.changelog_data import set_arrival
@@ -71,6 +76,8 @@ def _script(s1: str, s2: str, out: str) -> str:
 def _run(spark, tmp_path, name: str, s1: str, s2: str, unpacked: bool, monkeypatch) -> tuple:
     out = str(tmp_path / name)
     with monkeypatch.context() as m:
+        for module in (execute_module, fingerprint_module):
+            m.setattr(module, "checkpoint_keyed_chains", lambda checkpoint: False)
         if unpacked:
             step = lower_module.keyed_step
             m.setattr(lower_module, "keyed_step", lambda *a, **k: (step(*a, **k)[0], None))
@@ -122,7 +129,8 @@ def test_the_operator_before_emits_packed_rows_only(spark, tmp_path, inputs):
                                         streaming=True).statements() if isinstance(p, list)]
     for inserts in planned:
         for insert in inserts:
-            df = lower_module.lower(insert.plan()).df
+            with keyed_chains(False):
+                df = lower_module.lower(insert.plan()).df
             plan = df._jdf.queryExecution().analyzed().toString()
             steps = plan.count("TransformWithStateInPySpark")
             assert steps >= 2
