@@ -295,13 +295,18 @@ class KeyedChainProcessor(KeyGroupProcessor):
             return stack, ctx
 
         out, ran = chain.process(pdf, open_link)
+        # a link's seconds: from its load to the next link's (its step, and
+        # the next link's feed), plus its save: the links' seconds add up
+        ends = [opened[i][4] for i in ran[1:]] + [time.perf_counter()]
         links = []
-        for i in ran:
+        for i, end in zip(ran, ends):
             stack, run_ids, ctx, misses, t0 = opened[i]
+            saving = time.perf_counter()
             written = self._save(stack, run_ids, ctx.next_seq, key, i)
+            seconds = end - t0 + time.perf_counter() - saving
             links.append((i, ctx, {"state_rows": stack.size, "key_group": int(key[0]),
                                    "runs": len(stack.runs), "rows_written": written,
-                                   "cache_misses": misses, "seconds": time.perf_counter() - t0}))
+                                   "cache_misses": misses, "seconds": seconds}))
         passed = chain.passed_rows(passed, links)
         last = len(chain.operators) - 1
         if not links or links[-1][0] != last:
