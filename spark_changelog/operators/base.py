@@ -143,6 +143,15 @@ class KeyedOperator(abc.ABC):
         """Data columns of the output plus ``_kind`` and ``_seq``."""
         return self._output_schema
 
+    @property
+    def output_keys(self) -> tuple[tuple[str, ...], ...]:
+        """Sets of output columns whose values alone say which key group an
+        output row came from (every row with those values came from one
+        key group): the key, when the output carries it under its name.
+        A consumer keyed on a superset of one of them needs no repartition
+        (``plan/execute.py``, ``_sink_frame``)."""
+        return (self.key,) if set(self.key) <= set(self.output_schema.names) else ()
+
     @abc.abstractmethod
     def process(self, state: pd.DataFrame, rows: pd.DataFrame, ctx: OpContext
                 ) -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -88,16 +88,21 @@ def run_sink(sink: Sink, table, *, checkpoint: Optional[str] = None,
 def _sink_frame(low, key) -> object:
     """What the sink writers read: the last keyed operator's output packed
     by its processor (``runtime/sink_writers.py``, ``pack_output``) when the
-    sink reads that output as it is and every change of a sink key is in one
-    key group's output (the sink key contains the operator's key, a column
-    of its output under the same name; or no sink key); else the rows.
+    sink reads that output as it is or through a projection that only picks
+    and renames its columns, and every change of a sink key is in one key
+    group's output: the sink key holds, under any name, the columns of one
+    of the operator's ``output_keys`` (its key; a join's key columns of a
+    side never null-padded), or there is no sink key; else the rows.
     Packed, the changes skip a round trip through Spark rows
-    (docs/runtime.md, "Where the time goes")."""
+    (docs/runtime.md, "Sink writers on the executors")."""
     if low.packs is None or low.df is not low.packs[0] or not low.operators:
         return low.df
     op = low.operators[-1]
-    if key and not (set(op.key) <= set(key) and set(op.key) <= set(op.output_schema.names)):
-        return low.df
+    if key:
+        names = dict(low.packed_names or ((k, k) for k in key))
+        held = {names.get(k) for k in key}
+        if not any(set(cols) <= held for cols in op.output_keys):
+            return low.df
     from ..runtime.sink_writers import pack_output
     return low.packs[1](pack_output, low.df.schema)
 

@@ -61,6 +61,10 @@ class Lowered:
     #: a keyed operator reading that output directly has it packed by the
     #: operator before (docs/runtime.md, "Packing in the operator before")
     packs: Optional[tuple] = None
+    #: when ``packs`` is a projection's of the last keyed operator's output
+    #: (``_packs_through``): (column of ``packs[0]``, its name in that
+    #: output) pairs; None when ``packs[0]`` is that output itself
+    packed_names: Optional[tuple] = None
 
     def then(self, df, *ops, packs: Optional[tuple] = None) -> "Lowered":
         """This input followed by the keyed operators ``ops`` (one step, output ``df``)."""
@@ -624,24 +628,28 @@ def spark_column(item):
 
 def _project(node: Project, inp: Lowered) -> Lowered:
     frame = _projection(node, inp.df)
-    return dataclasses.replace(inp, frame=frame, packs=_packs_through(node, inp, frame))
+    packs, names = _packs_through(node, inp, frame)
+    return dataclasses.replace(inp, frame=frame, packs=packs, packed_names=names)
 
 
-def _packs_through(node: Project, inp: Lowered, frame) -> Optional[tuple]:
-    """``packs`` of a projection ``frame`` that only picks and renames
-    columns of a keyed operator's output read as it is: that operator's
-    processor picks them before it packs (``arrow_packing.Picked``), so the
-    operator or the sink reading the projection still gets the output
-    packed (docs/runtime.md, "Where the time goes"); else None."""
+def _packs_through(node: Project, inp: Lowered, frame) -> tuple:
+    """(``packs``, ``packed_names``) of a projection ``frame`` that only
+    picks and renames columns of a keyed operator's output read as it is:
+    that operator's processor picks them before it packs
+    (``arrow_packing.Picked``), so the operator or the sink reading the
+    projection still gets the output packed (docs/runtime.md, "Where the
+    time goes"); else (None, None)."""
     if inp.packs is None or inp.df is not inp.packs[0]:
-        return None
+        return None, None
     sources = [_reference(item) for item in node.items]
     if None in sources:
-        return None
+        return None, None
     from ..runtime.arrow_packing import Picked
     picked = tuple(zip(sources, (item.name for item in node.items)))
     repack = inp.packs[1]
-    return frame, lambda pack, schema: repack(Picked(pack, picked), schema)
+    before = dict(inp.packed_names) if inp.packed_names is not None else None
+    names = tuple((name, source if before is None else before[source]) for source, name in picked)
+    return (frame, lambda pack, schema: repack(Picked(pack, picked), schema)), names
 
 
 def _reference(item) -> Optional[str]:

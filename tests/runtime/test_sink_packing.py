@@ -131,3 +131,102 @@ def test_unpack_output_gives_the_rows_with_the_frames_types():
     assert out.column("t").cast(pa.int64()).to_pylist() == [0, 1000, 1000]
     assert unpack_output(rows) is rows
     assert unpack_output(packed.slice(0, 0)).num_rows == 0
+
+
+# -- the join's output ----------------------------------------------------------------
+JOIN_COLS = "id BIGINT, g BIGINT, v BIGINT"
+#: (statement's sink, connector, join, projection, (is the sink's frame
+#: packed, the last keyed operator)): the inner join's left key is the sink
+#: key (into Delta and blackhole), a left join's preserved side too; a full
+#: join has no upsert key on ``id`` (the planner's materializer on the sink
+#: key packs it), a computed projection is not the join's output: unpacked
+JOINS = [
+    ("t", "delta", "JOIN", "s1.id, s1.g, s1.v, s2.g AS g2, s2.v AS v2", (True, "RegularJoin")),
+    ("b", "blackhole", "JOIN", "s1.id, s1.g, s1.v, s2.g AS g2, s2.v AS v2", (True, "RegularJoin")),
+    ("l", "delta", "LEFT JOIN", "s1.id, s1.g, s1.v, s2.g AS g2, s2.v AS v2", (True, "RegularJoin")),
+    ("f", "blackhole", "FULL JOIN", "s1.id, s1.g, s1.v, s2.g AS g2, s2.v AS v2", (True, "sink_upsert_materializer")),
+    ("c", "blackhole", "JOIN", "s1.id, s1.g, s1.v + 1 AS v, s2.g AS g2, s2.v AS v2", (False, "RegularJoin")),
+]
+
+
+def _join_script(s1: str, s2: str, out: str) -> str:
+    src = ("CREATE TEMPORARY TABLE {n} ({c}, PRIMARY KEY (id) NOT ENFORCED) WITH ('connector' = 'filesystem', "
+           "'path' = '{p}', 'format' = 'debezium-json', 'source.max-files-per-trigger' = '1');\n")
+    script = src.format(n="s1", c=JOIN_COLS, p=s1) + src.format(n="s2", c=JOIN_COLS, p=s2)
+    for name, connector, _, _, _ in JOINS:
+        path = f", 'path' = '{out}/{name}'" if connector == "delta" else ""
+        script += (f"CREATE TEMPORARY TABLE {name} (id BIGINT, g BIGINT, v BIGINT, g2 BIGINT, v2 BIGINT, "
+                   f"PRIMARY KEY (id) NOT ENFORCED) WITH ('connector' = '{connector}'{path});\n")
+    for name, _, join, projection, _ in JOINS:
+        script += f"INSERT INTO {name} SELECT {projection} FROM s1 {join} s2 ON s1.id = s2.id;\n"
+    return script
+
+
+def _run_joins(spark, s1: str, s2: str, out: str, monkeypatch, packed: bool) -> tuple:
+    frames = []
+    choose = execute._sink_frame
+
+    def recording(low, key):
+        frame = choose(low, key) if packed else low.df
+        frames.append((PACKED_ROWS_COL in frame.columns, low.operators[-1].name))
+        return frame
+
+    with monkeypatch.context() as m:
+        m.setattr(execute, "_sink_frame", recording)
+        done = run_script(spark, parse_script(_join_script(s1, s2, out), "j.sql"), batch=False,
+                          checkpoint=os.path.join(out, "ck"), changelog=os.path.join(out, "changes"),
+                          dead_letter=os.path.join(out, "dead"), show_progress=False)
+    # each statement's changes in (micro-batch, _seq) order, nulls as None
+    changes = {}
+    for n, (name, *_rest) in enumerate(JOINS):
+        rows = [(int(f.split(os.sep)[-3].split("-")[1]), r["_seq"], r["op"], r["id"], r["g"], r["v"],
+                 r["g2"], r["v2"])
+                for f in glob.glob(os.path.join(out, "changes", f"{n:02d}-{name}", "batch-*", "*", "*.parquet"))
+                for r in pq.read_table(f).to_pylist()]
+        changes[name] = sorted(rows, key=repr)
+    tables = {name: sorted(map(tuple, scan_delta(os.path.join(out, name)).to_pandas()[
+        ["id", "g", "v", "g2", "v2"]].astype(object).where(lambda d: d.notna(), None).itertuples(index=False)),
+        key=repr) for name, connector, *_ in JOINS if connector == "delta"}
+    reports = [(r.report.batches, r.report.changes_out, r.report.invalid, r.report.upserted, r.report.deleted)
+               for r in done]
+    return frames, reports, changes, tables
+
+
+def test_the_sink_reads_the_join_output_packed_when_its_key_holds_a_join_key(spark, tmp_path, monkeypatch):
+    """The join (two normalizes and the join chained) into Delta, its
+    changelog output and blackhole, over two micro-batches: packed where
+    the sink key is the join key of a side never null-padded, with the
+    changelog, tables and reports of the unpacked output; a full join and
+    a computed projection keep the rows."""
+    from tests.runtime.test_operator_packing import _debezium_files
+    s1, s2 = str(tmp_path / "s1"), str(tmp_path / "s2")
+    final1 = _debezium_files(s1, seed=21, ids=24, per_file=60)
+    final2 = _debezium_files(s2, seed=22, ids=24, per_file=60)
+    frames, reports, changes, tables = _run_joins(spark, s1, s2, str(tmp_path / "packed"), monkeypatch, True)
+    assert frames == [p for *_, p in JOINS]
+    plain_frames, plain_reports, plain_changes, plain_tables = _run_joins(
+        spark, s1, s2, str(tmp_path / "plain"), monkeypatch, False)
+    assert plain_frames == [(False, op) for *_, (_, op) in JOINS]
+    inner = sorted(((i, r["g"], r["v"], final2[i]["g"], final2[i]["v"]) for i, r in final1.items()
+                    if i in final2), key=repr)
+    left = sorted(((i, r["g"], r["v"]) + ((final2[i]["g"], final2[i]["v"]) if i in final2 else (None, None))
+                   for i, r in final1.items()), key=repr)
+    assert tables == plain_tables == {"t": inner, "l": left}
+    assert len(inner) > 5 and len(left) > len(inner), "the data should have matches and left-only ids"
+    assert changes == plain_changes
+    assert all(changes[name] for name, *_ in JOINS)
+    assert any(r[6] is None for r in changes["l"]), "the left join should emit null-padded rows"
+    assert reports == plain_reports
+    # the full join's right-only rows have a null sink key: dead letters
+    assert reports[3][2] > 0 and not any(r[2] for r in reports[:3] + reports[4:])
+
+
+def test_a_join_s_output_keys_are_the_keys_of_its_sides_never_null_padded():
+    """A full join's keys are null-padded on either side: no output key
+    (its output to a sink keyed by ``id`` keeps the rows unless a
+    materializer on the sink key comes after)."""
+    from spark_changelog.operators.join import JoinInputLayout, RegularJoin
+    side = pa.schema([("id", pa.int64()), ("v", pa.int64()), ("_kind", pa.int8()), ("_seq", pa.int64())])
+    layout = JoinInputLayout(side, side, ["id"], ["id"])
+    keys = {how: RegularJoin(layout, how, ["id"], ["id"]).output_keys for how in ("inner", "left", "right", "full")}
+    assert keys == {"inner": (("id",), ("id0",)), "left": (("id",),), "right": (("id0",),), "full": ()}

@@ -346,6 +346,16 @@ class RegularJoin(KeyedOperator):
     def output_schema(self) -> pa.Schema:
         return self.layout.output_schema
 
+    @property
+    def output_keys(self) -> tuple[tuple[str, ...], ...]:
+        """The join key columns of each side that is never null-padded (the
+        key groups are on the internal ``__jk`` columns, cast from either
+        side's key): both for an inner join, the preserved side's for a
+        left or right one, none for a full one.  A padded side's key
+        columns are null in rows of every key group."""
+        return tuple(self.layout.side_keys(side) for side, outer in ((LEFT, self.outer[1]), (RIGHT, self.outer[0]))
+                     if not outer)
+
     def describe(self) -> str:
         return (f"RegularJoin({self.join_type}, key={list(self.layout.left_keys)}="
                 f"{list(self.layout.right_keys)}, left={self.views[0]!r}, right={self.views[1]!r}"
