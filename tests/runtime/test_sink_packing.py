@@ -149,20 +149,20 @@ JOINS = [
 ]
 
 
-def _join_script(s1: str, s2: str, out: str) -> str:
+def _join_script(s1: str, s2: str, out: str, joins=JOINS) -> str:
     src = ("CREATE TEMPORARY TABLE {n} ({c}, PRIMARY KEY (id) NOT ENFORCED) WITH ('connector' = 'filesystem', "
            "'path' = '{p}', 'format' = 'debezium-json', 'source.max-files-per-trigger' = '1');\n")
     script = src.format(n="s1", c=JOIN_COLS, p=s1) + src.format(n="s2", c=JOIN_COLS, p=s2)
-    for name, connector, _, _, _ in JOINS:
+    for name, connector, _, _, _ in joins:
         path = f", 'path' = '{out}/{name}'" if connector == "delta" else ""
         script += (f"CREATE TEMPORARY TABLE {name} (id BIGINT, g BIGINT, v BIGINT, g2 BIGINT, v2 BIGINT, "
                    f"PRIMARY KEY (id) NOT ENFORCED) WITH ('connector' = '{connector}'{path});\n")
-    for name, _, join, projection, _ in JOINS:
+    for name, _, join, projection, _ in joins:
         script += f"INSERT INTO {name} SELECT {projection} FROM s1 {join} s2 ON s1.id = s2.id;\n"
     return script
 
 
-def _run_joins(spark, s1: str, s2: str, out: str, monkeypatch, packed: bool) -> tuple:
+def _run_joins(spark, s1: str, s2: str, out: str, monkeypatch, packed: bool, joins=JOINS) -> tuple:
     frames = []
     choose = execute._sink_frame
 
@@ -173,20 +173,22 @@ def _run_joins(spark, s1: str, s2: str, out: str, monkeypatch, packed: bool) -> 
 
     with monkeypatch.context() as m:
         m.setattr(execute, "_sink_frame", recording)
-        done = run_script(spark, parse_script(_join_script(s1, s2, out), "j.sql"), batch=False,
+        done = run_script(spark, parse_script(_join_script(s1, s2, out, joins), "j.sql"), batch=False,
                           checkpoint=os.path.join(out, "ck"), changelog=os.path.join(out, "changes"),
                           dead_letter=os.path.join(out, "dead"), show_progress=False)
     # each statement's changes in (micro-batch, _seq) order, nulls as None
+    # (changes/<nn>-<table>/batch-<id>/...; one statement's: changes/batch-<id>/...)
     changes = {}
-    for n, (name, *_rest) in enumerate(JOINS):
+    for n, (name, *_rest) in enumerate(joins):
+        stmt = f"{n:02d}-{name}" if len(joins) > 1 else ""
         rows = [(int(f.split(os.sep)[-3].split("-")[1]), r["_seq"], r["op"], r["id"], r["g"], r["v"],
                  r["g2"], r["v2"])
-                for f in glob.glob(os.path.join(out, "changes", f"{n:02d}-{name}", "batch-*", "*", "*.parquet"))
+                for f in glob.glob(os.path.join(out, "changes", stmt, "batch-*", "*", "*.parquet"))
                 for r in pq.read_table(f).to_pylist()]
         changes[name] = sorted(rows, key=repr)
     tables = {name: sorted(map(tuple, scan_delta(os.path.join(out, name)).to_pandas()[
         ["id", "g", "v", "g2", "v2"]].astype(object).where(lambda d: d.notna(), None).itertuples(index=False)),
-        key=repr) for name, connector, *_ in JOINS if connector == "delta"}
+        key=repr) for name, connector, *_ in joins if connector == "delta"}
     reports = [(r.report.batches, r.report.changes_out, r.report.invalid, r.report.upserted, r.report.deleted)
                for r in done]
     return frames, reports, changes, tables
@@ -219,6 +221,25 @@ def test_the_sink_reads_the_join_output_packed_when_its_key_holds_a_join_key(spa
     assert reports == plain_reports
     # the full join's right-only rows have a null sink key: dead letters
     assert reports[3][2] > 0 and not any(r[2] for r in reports[:3] + reports[4:])
+
+
+def test_the_unchained_join_s_output_is_packed_too(spark, tmp_path, monkeypatch):
+    """Each normalize and the join a keyed step of its own (a checkpoint
+    written before chains): the join's output into Delta packed, with the
+    unpacked run's changelog, table and report."""
+    from tests.runtime.test_keyed_chain import _unchained
+    from tests.runtime.test_operator_packing import _debezium_files
+    s1, s2 = str(tmp_path / "s1"), str(tmp_path / "s2")
+    _debezium_files(s1, seed=21, ids=24, per_file=60)
+    _debezium_files(s2, seed=22, ids=24, per_file=60)
+    runs = []
+    for packed in (True, False):
+        with monkeypatch.context() as m:
+            _unchained(m)
+            runs.append(_run_joins(spark, s1, s2, str(tmp_path / str(packed)), monkeypatch, packed, JOINS[:1]))
+    assert [r[0] for r in runs] == [[(True, "RegularJoin")], [(False, "RegularJoin")]]
+    assert runs[0][1:] == runs[1][1:]
+    assert len(runs[0][2]["t"]) > 5 and len(runs[0][3]["t"]) > 5, (runs[0][2], runs[0][3])
 
 
 def test_a_join_s_output_keys_are_the_keys_of_its_sides_never_null_padded():
