@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import json
 import os
 import re
@@ -209,19 +210,29 @@ def state_variables(op_dir: str) -> list:
     return []
 
 
-_META_VAR = re.compile(r"meta(\d*)")
+def chain_variables(link: int) -> tuple[str, str]:
+    """The names of the ``meta`` and ``runs`` variables of link ``link`` of
+    a keyed step (``key_group_processor``): a chain of keyed operators has a
+    pair per link, and the first link's are an unchained operator's, so its
+    state reads as one's."""
+    return ("meta", "runs") if link == 0 else (f"meta{link}", f"runs{link}")
 
 
 def keyed_state_pairs(op_dir: str) -> list[tuple[str, str]]:
     """The ``(meta, runs)`` variable pairs of a keyed step's state, in link
-    order: one for an operator, one per link of a chain of keyed operators
-    (``meta``, ``runs``, then ``meta1``, ``runs1``, ...:
-    ``key_group_processor.chain_variables``); ``[("meta", "runs")]`` when
-    the operator metadata does not list them."""
-    names = state_variables(op_dir)
-    links = sorted(int(m.group(1) or 0) for n in names if (m := _META_VAR.fullmatch(n))
-                   and f"runs{m.group(1)}" in names)
-    return [(f"meta{i or ''}", f"runs{i or ''}") for i in links] or [("meta", "runs")]
+    order (:func:`chain_variables`): one for an operator, one per link of a
+    chain of keyed operators; the first pair when the operator metadata
+    does not list them."""
+    names = set(state_variables(op_dir))
+    pairs = list(itertools.takewhile(lambda pair: set(pair) <= names, map(chain_variables, itertools.count())))
+    return pairs or [chain_variables(0)]
+
+
+def read_state_variable(spark, q: str, op: int, batch: int, variable: str):
+    """State variable ``variable`` of operator ``op`` of query checkpoint
+    ``q`` after ``batch``, through Spark's state data source (pandas)."""
+    return (spark.read.format("statestore").option("operatorId", op).option("stateVarName", variable)
+            .option("batchId", batch).load(q).toPandas())
 
 
 def _operator_name(op_dir: str) -> Optional[str]:
@@ -331,8 +342,7 @@ def _check_keyed_state(spark, q: str, name: str, last: Optional[int], findings: 
 def _check_keyed_pair(spark, q: str, name: str, last: int, op: int, op_name: str, meta_var: str,
                       runs_var: str, findings: list) -> None:
     try:
-        meta = (spark.read.format("statestore").option("operatorId", op)
-                .option("stateVarName", meta_var).option("batchId", last).load(q).toPandas())
+        meta = read_state_variable(spark, q, op, last, meta_var)
     except Exception as e:   # a variable this operator does not have, or unreadable state
         text = str(e).split("\n")[0]
         if meta_var in text and ("STATE_VAR" in text or "not found" in text.lower()):
@@ -342,8 +352,7 @@ def _check_keyed_pair(spark, q: str, name: str, last: int, op: int, op_name: str
         return
     if meta.empty:
         return
-    runs = (spark.read.format("statestore").option("operatorId", op)
-            .option("stateVarName", runs_var).option("batchId", last).load(q).toPandas())
+    runs = read_state_variable(spark, q, op, last, runs_var)
     stored = {}
     for _, r in runs.iterrows():
         stored[(int(r["key"]["_kg"]), r["user_map_key"]["run_id"])] = r["user_map_value"]["blob"]

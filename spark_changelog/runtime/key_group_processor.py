@@ -24,6 +24,8 @@ from typing import Callable, Iterator, Optional
 from pyspark.sql.streaming import StatefulProcessor
 from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 
+from .checkpoint import chain_variables, damaged_state
+
 #: The state variables' schemas as types: given a DDL string, PySpark asks the
 #: JVM to parse it, once when the variable is declared and once more for its
 #: client (twice for a map state's key and value), one round trip each in
@@ -91,7 +93,6 @@ class KeyGroupProcessor(StatefulProcessor):
         return self.operator, self.meta, self.runs
 
     def _load(self, key, link: int = 0) -> tuple:
-        from .checkpoint import damaged_state
         from .state_runs import RunStack, load_run
         op, meta_var, runs_var = self._link(link)
         meta = meta_var.get()   # None when absent (no exists() round trip)
@@ -240,13 +241,6 @@ class KeyGroupProcessor(StatefulProcessor):
         pass
 
 
-def chain_variables(link: int) -> tuple[str, str]:
-    """The names of the ``meta`` and ``runs`` variables of link ``link`` of
-    a chained step (:class:`KeyedChainProcessor`): the first link's are an
-    unchained operator's, so its state reads as one's."""
-    return ("meta", "runs") if link == 0 else (f"meta{link}", f"runs{link}")
-
-
 class KeyedChainProcessor(KeyGroupProcessor):
     """Keyed operators chained in one key group (``runtime.keyed_chain``,
     docs/runtime.md, "Chained keyed operators"): each link's run stack and
@@ -315,5 +309,5 @@ class KeyedChainProcessor(KeyGroupProcessor):
         return out, passed, ctx, extra
 
 
-__all__ = ["KeyGroupProcessor", "KeyedChainProcessor", "chain_variables", "META_SCHEMA", "RUN_ID_SCHEMA",
+__all__ = ["KeyGroupProcessor", "KeyedChainProcessor", "META_SCHEMA", "RUN_ID_SCHEMA",
            "BLOB_SCHEMA"]

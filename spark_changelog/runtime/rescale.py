@@ -59,9 +59,10 @@ from pyspark.sql.streaming import StatefulProcessor
 
 from ..model.errors import UserError
 from ..model.partitioning import SPREAD_IDS, key_group_ids
-from .checkpoint import check_checkpoint, keyed_state_pairs, log_ids, query_dirs, state_operators, state_variables
+from .checkpoint import (chain_variables, check_checkpoint, keyed_state_pairs, log_ids, query_dirs,
+                         read_state_variable, state_operators, state_variables)
 from ..model.spark_hash import key_groups as spark_key_groups, supports as spark_hash_supports
-from .key_group_processor import BLOB_SCHEMA, META_SCHEMA, RUN_ID_SCHEMA, chain_variables
+from .key_group_processor import BLOB_SCHEMA, META_SCHEMA, RUN_ID_SCHEMA
 from .state_runs import Run, RunStack, name_new_runs
 
 #: a checkpoint written to less than this many seconds ago may belong to a running query
@@ -157,11 +158,6 @@ def _check_stopped(checkpoint: str, quiet_seconds: float) -> None:
                                       "and not committed (the query is running, or was stopped in a batch)",
                           "stop the query; if it is stopped, run it once more so the batch completes, "
                           "then rescale")
-
-
-def _read_state(spark, q: str, op: int, last: int, var: str) -> pd.DataFrame:
-    return (spark.read.format("statestore").option("operatorId", op).option("stateVarName", var)
-            .option("batchId", last).load(q).toPandas())
 
 
 def _regroup(checkpoint: str, q: str, op: int, meta: pd.DataFrame, runs: pd.DataFrame,
@@ -301,7 +297,7 @@ def _verify(spark, q: str, op: int, last: int, key_groups: int, expected: Operat
     records ``key_groups`` and the spread ids, is stored under its spread
     id, every run it lists is there and decodes, and it holds the keys the
     original held."""
-    meta, runs = (_read_state(spark, q, op, last, v) for v in variables)
+    meta, runs = (read_state_variable(spark, q, op, last, v) for v in variables)
     listed = [json.loads(v["run_ids"]) for v in meta["value"]]
     counts = {m.get("key_groups") for m in listed}
     if counts - {key_groups}:
@@ -343,7 +339,7 @@ def _rewrite_key_groups(spark, copy: str, work: str, q: str, key_groups: int, do
         op_dir = os.path.join(q, "state", str(op))
         variables = state_variables(op_dir)
         # one (meta, runs) pair per keyed operator: one, or one per link of
-        # a chain of keyed operators (key_group_processor.chain_variables)
+        # a chain of keyed operators (checkpoint.chain_variables)
         pairs = keyed_state_pairs(op_dir)
         if set(variables) != {v for pair in pairs for v in pair}:
             if "meta" in variables and "runs" in variables and "timer" in variables:
@@ -354,10 +350,10 @@ def _rewrite_key_groups(spark, copy: str, work: str, q: str, key_groups: int, do
             continue         # an event-time operator's state: its count is its own
         links = []
         for link, (meta_var, runs_var) in enumerate(pairs):
-            meta = _read_state(spark, q, op, last, meta_var)
+            meta = read_state_variable(spark, q, op, last, meta_var)
             if meta.empty:
                 continue
-            runs = _read_state(spark, q, op, last, runs_var)
+            runs = read_state_variable(spark, q, op, last, runs_var)
             info, state = _regroup(copy, q, op, meta, runs, key_groups)
             links.append((link, info, state.assign(link=link)))
         if not links:
