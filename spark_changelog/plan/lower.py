@@ -90,8 +90,7 @@ class Lowered:
     def data_schema(self):
         """:attr:`schema` without the side rows' column: the schema of
         :attr:`data_df` (nullability aside, which operators ignore)."""
-        from pyspark.sql.types import StructType
-        return StructType([f for f in self.schema.fields if f.name != METRICS_COL])
+        return _without_side_column(self.schema)
 
     def packed_source(self, frame):
         """How a keyed operator reading ``frame`` (this node's :attr:`frame`
@@ -258,9 +257,14 @@ def _step_output_schema(op):
     """The Spark schema of a keyed step's data rows (``op``'s output as the
     step emits it, without the side rows' column): what the operator after
     it is built with, chained or not."""
-    from pyspark.sql.types import StructType
     from ..runtime.keyed_rows import spark_schema
-    return StructType([f for f in spark_schema(op.output_schema).fields if f.name != METRICS_COL])
+    return _without_side_column(spark_schema(op.output_schema))
+
+
+def _without_side_column(schema):
+    """A Spark schema without the side rows' column (``_metrics``)."""
+    from pyspark.sql.types import StructType
+    return StructType([f for f in schema.fields if f.name != METRICS_COL])
 
 
 def _chained_materialize(node: Materialize) -> Lowered:
@@ -373,8 +377,7 @@ class _LineWindowSource:
 
     @property
     def data_schema(self):
-        from pyspark.sql.types import StructType
-        return StructType([f for f in self.schema.fields if f.name != METRICS_COL])
+        return _without_side_column(self.schema)
 
     @property
     def columns(self) -> list:
@@ -429,9 +432,10 @@ def _line_window_source(node: Node) -> Optional[_LineWindowSource]:
     for proj in reversed(chain):
         below, columns = columns, {}
         for it in proj.items:
+            source = _reference(it)
             e = expressions.split_alias(it.expr)[0] if it.column is None and it.expr is not None else None
-            if isinstance(e, exp.Column) and not e.table and e.name in below:
-                columns[it.name] = dataclasses.replace(below[e.name], name=it.name)
+            if source is not None and source in below:
+                columns[it.name] = dataclasses.replace(below[source], name=it.name)
             elif isinstance(e, exp.Anonymous) and e.name.lower() in TIMESTAMP_FUNCTIONS and \
                     len(e.expressions) == 1 and isinstance(e.expressions[0], exp.Column) and \
                     not e.expressions[0].table and below.get(e.expressions[0].name) is not None and \
@@ -522,11 +526,10 @@ def _reader_with_columns(node: Node, columns: list):
     while isinstance(node, Project):
         items = {it.name: it for it in node.items}
         for out, c in list(names.items()):
-            it = items.get(c)
-            if it is None or it.column is not None or it.source is None or it.expr is None \
-                    or not isinstance(expressions.split_alias(it.expr)[0], exp.Column):
+            source = _reference(items[c]) if c in items else None
+            if source is None:
                 return None
-            names[out] = it.source
+            names[out] = source
         node = node.input
     if not isinstance(node, Source) or node.reader is None:
         return None
