@@ -373,10 +373,13 @@ def _cancel_jobs_on_ctrl_c(spark) -> None:
 
 def _thread_children(native_id: Optional[int]) -> list:
     """The processes a thread of this process started, and theirs (Linux)."""
-    if native_id is None:
-        return []
+    return [] if native_id is None else _descendants(f"/proc/self/task/{native_id}/children")
+
+
+def _descendants(children_file: str) -> list:
+    """The processes a ``/proc/.../children`` file lists, and theirs."""
     try:
-        with open(f"/proc/self/task/{native_id}/children") as fh:
+        with open(children_file) as fh:
             pids = [int(p) for p in fh.read().split()]
     except OSError:
         return []
@@ -384,12 +387,8 @@ def _thread_children(native_id: Optional[int]) -> list:
 
 
 def _children(pid: int) -> list:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as fh:
-            pids = [int(p) for p in fh.read().split()]
-    except OSError:
-        return []
-    return pids + [d for p in pids for d in _children(p)]
+    """The processes the main thread of ``pid`` started, and theirs (Linux)."""
+    return _descendants(f"/proc/{pid}/task/{pid}/children")
 
 
 def _end_processes(pids: list, wait: float = 5.0) -> None:
