@@ -24,8 +24,6 @@ from typing import Callable, Iterator, Optional
 from pyspark.sql.streaming import StatefulProcessor
 from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 
-from .checkpoint import chain_variables, damaged_state
-
 #: The state variables' schemas as types: given a DDL string, PySpark asks the
 #: JVM to parse it, once when the variable is declared and once more for its
 #: client (twice for a map state's key and value), one round trip each in
@@ -93,6 +91,7 @@ class KeyGroupProcessor(StatefulProcessor):
         return self.operator, self.meta, self.runs
 
     def _load(self, key, link: int = 0) -> tuple:
+        from .checkpoint import damaged_state
         from .state_runs import RunStack, load_run
         op, meta_var, runs_var = self._link(link)
         meta = meta_var.get()   # None when absent (no exists() round trip)
@@ -261,6 +260,9 @@ class KeyedChainProcessor(KeyGroupProcessor):
     def init(self, handle) -> None:
         self.handle = handle
         self.variables = []
+        # (imported here: this module imports nothing of the package at its
+        # top, so the driver's pre-init process unpickles it without pandas)
+        from .checkpoint import chain_variables
         for i in range(len(self.chain.operators)):
             meta, runs = chain_variables(i)
             self.variables.append((handle.getValueState(meta, META_SCHEMA),
