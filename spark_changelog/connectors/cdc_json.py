@@ -604,9 +604,11 @@ def raise_if_invalid(invalid: Any) -> None:
 # --------------------------------------------------------------------------- SQL building blocks
 #
 # The parsers are written as Spark SQL expression text, applied one projection at
-# a time with ``selectExpr``: one JVM call per projection instead of one per
-# ``Column`` operation (thousands for a wide schema), and each projection names
-# its results so that later ones reference them instead of repeating them.
+# a time with ``selectExpr``: one JVM call per projection instead of py4j round
+# trips for every ``Column`` operation (about 22k for the Debezium read, slower
+# than even the first job's cold parse: docs/runtime.md, "From the process's
+# start to the first job's query"), and each projection names its results so
+# that later ones reference them instead of repeating them.
 
 Sql = str
 
