@@ -80,7 +80,11 @@ def _finish_rows(df: DataFrame, ctx: C.ReadContext, tombstone_reason: str = C.TO
     """
     kind_col, seq_col = ctx.kind_column, ctx.seq_column
     pos, pos_err = C.fallback_position()
-    df = C.stage(df, _kind=kind_code("_kind_text", ctx.op_mapping), _pos=pos, _pos_error=pos_err)
+    # a plain row's kind is the constant insert: not upper(trim('+I')),
+    # which Spark's optimizer folds by initialising ICU's case mapping, ~1 s
+    # of a process's first query planning (docs/runtime.md, "Where the time goes")
+    kind = str(C.INSERT) if kind_col is None else kind_code("_kind_text", ctx.op_mapping)
+    df = C.stage(df, _kind=kind, _pos=pos, _pos_error=pos_err)
     if seq_col is None:
         phase = f"CASE WHEN _kind IN ({C.INSERT}, {C.UPDATE_AFTER}) THEN {C.PHASE_AFTER} ELSE {C.PHASE_BEFORE} END"
         seq = f"(shiftleft(_pos, 1) + {phase})"

@@ -89,3 +89,15 @@ def test_a_projection_over_the_source_builds_the_rows(spark, debezium_files):
     projected = stream.select("id", "v")
     assert reader.built
     assert sorted(r["id"] for r in projected.df.where("_kind >= 0").collect()) == [1]
+
+
+def test_plain_rows_take_their_kind_without_a_case_mapping(spark, changelog_files):
+    """A plain file's rows are inserts by a constant, not by ``upper(trim('+I'))``:
+    folding that initialises ICU's case mapping in the JVM, about a second of
+    a process's first query planning (docs/runtime.md, "Where the time goes");
+    a file with a kind column still reads it case-insensitively."""
+    plain = read_changes(spark, changelog_files, "changelog", SCHEMA, ["id"], kind_column=None)
+    assert "upper(" not in plain.rows._jdf.queryExecution().analyzed().toString()
+    assert [(r["_kind"], r["id"]) for r in plain.rows.where("_kind >= 0").collect()] == [(0, 1)]
+    kinds = read_changes(spark, changelog_files, "changelog", SCHEMA, ["id"])
+    assert "upper(" in kinds.rows._jdf.queryExecution().analyzed().toString()
