@@ -1,7 +1,7 @@
 """A query's start, A/B (docs/runtime.md, "Fixed costs of every process",
 "Before the query starts").
 
-    scripts/bench query-start [--job join] [--compare forks|session-start] [--repeats 2] [--events 1000000]
+    scripts/bench query-start [--job join] [--compare forks|session-start|extensions] [--repeats 2] [--events 1000000]
 
 The suite's streaming job (``vs_flink.JOBS``, into ``blackhole``) run twice
 in one process, as the suite does (*first*: the process's first query;
@@ -11,7 +11,9 @@ in one process, as the suite does (*first*: the process's first query;
 process a new interpreter) and with it; ``--compare session-start`` the
 session built first and then the script read and the runner imported
 (*late*), or the session built in its thread while they are (*early*, as
-``spark-changelog run`` does: ``SessionStart``).  Records the time from
+``spark-changelog run`` does: ``SessionStart``); ``--compare extensions``
+the session extensions that jars register loaded (Spark's default) or not
+(a command's local session, ``COMMAND_LOCAL_CONFIGS``).  Records the time from
 the process's first line to the session (*session ready*, the script read
 included) and to the first job's end, each job's time before its query
 started, Spark's query progress of each query's first micro-batch
@@ -40,10 +42,11 @@ MEASURES = ("session_ready", "first_before_query_start", "session_to_first_job_e
             "first_planning", "warm_planning", "first_trigger", "warm_trigger")
 
 
-def child(job_name: str, work: str, events: int, session_start: str) -> None:
+def child(job_name: str, work: str, events: int, session_start: str, configs: dict) -> None:
     """``session_start``: ``early`` as ``spark-changelog run`` (the session
     built while the first script is read and the runner imported), ``late``
-    the session first, then those."""
+    the session first, then those; ``configs``: the session's settings
+    beyond ``build_session``'s."""
     job = vs_flink.JOBS[job_name](vs_flink.ensure_inputs(events, 100_000, 4, CACHE))
     scripts = {}
     for run in ("first", "warm"):
@@ -52,7 +55,8 @@ def child(job_name: str, work: str, events: int, session_start: str) -> None:
             fh.write(vs_flink.ours_script(job, os.path.join(work, f"out-{run}"), "blackhole"))
     t0 = time.time()
     from spark_changelog.runtime.session import SessionStart
-    with SessionStart("query-start-ab", background=session_start == "early") as starting:
+    with SessionStart("query-start-ab", configs=configs, background=session_start == "early",
+                      command=True) as starting:
         if session_start == "late":
             spark = starting.session()
         from spark_changelog.sql.runner import run_script
@@ -97,11 +101,16 @@ def child(job_name: str, work: str, events: int, session_start: str) -> None:
     print("RESULT " + json.dumps(result), flush=True)
 
 
-#: what each comparison runs: (tag, environment, session start) per variant
+#: what each comparison runs: (tag, environment, session start, session
+#: settings) per variant
 COMPARISONS = {
-    "forks": (("without", {"SPARK_CHANGELOG_DRIVER_FORKS": "0"}, "early"),
-              ("with", {"SPARK_CHANGELOG_DRIVER_FORKS": "1"}, "early")),
-    "session-start": (("late", {}, "late"), ("early", {}, "early")),
+    "forks": (("without", {"SPARK_CHANGELOG_DRIVER_FORKS": "0"}, "early", {}),
+              ("with", {"SPARK_CHANGELOG_DRIVER_FORKS": "1"}, "early", {})),
+    "session-start": (("late", {}, "late", {}), ("early", {}, "early", {})),
+    # the session extensions of the jars' ServiceLoader loaded (Spark's
+    # default) or not (a command's local session: COMMAND_LOCAL_CONFIGS)
+    "extensions": (("loaded", {}, "early", {"spark.sql.extensions.test.loadFromCp": "true"}),
+                   ("skipped", {}, "early", {})),
 }
 
 
@@ -110,23 +119,25 @@ def main() -> None:
     ap.add_argument("--job", default="join", choices=sorted(vs_flink.JOBS))
     ap.add_argument("--compare", default="forks", choices=sorted(COMPARISONS),
                     help="forks: without and with the driver's fork server; session-start: the session "
-                         "built before the script is read (late) or while it is (early, as the command does)")
+                         "built before the script is read (late) or while it is (early, as the command "
+                         "does); extensions: the jars' session extensions loaded (Spark's default) or not "
+                         "(as a command's local session does)")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--events", type=int, default=1_000_000)
-    ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        return child(args.child[0], args.child[1], args.events, args.child[2])
+        return child(args.child[0], args.child[1], args.events, args.child[2], json.loads(args.child[3]))
     vs_flink.ensure_inputs(args.events, 100_000, 4, CACHE)
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     variants = COMPARISONS[args.compare]
-    runs = {tag: [] for tag, _, _ in variants}
+    runs = {tag: [] for tag, _, _, _ in variants}
     for _ in range(args.repeats):
-        for tag, extra, start in variants:
+        for tag, extra, start, configs in variants:
             with tempfile.TemporaryDirectory(prefix="query-start-") as work:
                 load0 = machine_load()
                 out = subprocess.run([sys.executable, __file__, "--events", str(args.events), "--child", args.job,
-                                      work, start], env=dict(env, **extra),
+                                      work, start, json.dumps(configs)], env=dict(env, **extra),
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, check=True).stdout
             r = json.loads([ln for ln in out.splitlines() if ln.startswith("RESULT ")][-1][7:])
             r["load"] = f"{load0}-{machine_load()}"

@@ -236,7 +236,7 @@ def ours_child(spec_path: str) -> None:
     work, batch = spec["work"], spec["mode"] == "batch"
     # as `spark-changelog run` (cli.cmd_run): the session starts first and is
     # built while the script is read and the runner imported
-    with SessionStart("spark-changelog") as starting:
+    with SessionStart("spark-changelog", command=True) as starting:
         from spark_changelog.sql.runner import run_script
         from spark_changelog.sql.script import read_script
         scripts = {"job.sql": read_script(os.path.join(work, "job.sql"))}

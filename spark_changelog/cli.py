@@ -25,7 +25,8 @@ def _session_start(args):
     if bad:
         raise UsageError(f"--conf {bad[0]}: expected KEY=VALUE")
     confs = dict(kv.split("=", 1) for kv in (args.conf or []))
-    return SessionStart("spark-changelog", master=args.master, configs=confs, remote=args.remote)
+    return SessionStart("spark-changelog", master=args.master, configs=confs, remote=args.remote,
+                        command=True)
 
 
 def cmd_normalize(args) -> int:

@@ -91,7 +91,7 @@ def run_demo(output: str, rows: int = 200_000, keys: int = 20_000, streaming: bo
     from .sinks.delta import read_table
 
     # the session starts while the events are generated (runtime/session.py)
-    with SessionStart("spark-changelog-demo") as starting:
+    with SessionStart("spark-changelog-demo", command=True) as starting:
         shutil.rmtree(output, ignore_errors=True)
         src_dir = os.path.join(output, "cdc")
         t = time.perf_counter()

@@ -90,6 +90,21 @@ LOCAL_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:-DontCompileHugeMethods"
 LOCAL_CONFIGS = {"spark.driver.extraJavaOptions": LOCAL_JAVA_OPTIONS,
                  "spark.python.daemon.module": "spark_changelog.runtime.worker_daemon"}
 
+#: A command's local session (``SessionStart(command=True)``: the CLI, the
+#: demo, which run only our jobs) does not load the session extensions that
+#: jars register through Java's ``ServiceLoader``
+#: (``SparkSessionExtensionsProvider``).  PySpark's only one is MLlib's
+#: ``InternalFunctionRegistration``, which registers ``vector_to_array``,
+#: ``array_to_vector`` and ``aggregate_metrics``, resolving their types
+#: through Scala reflection while the JVM's ``SparkSession`` is created, on
+#: the serial path of every process (docs/runtime.md, "Fixed costs of every
+#: process").  Extensions named in ``spark.sql.extensions`` still load.
+#: MLlib's own functions of those names (Python's ``pyspark.ml.functions``
+#: too) call them by name, so they fail in such a session: a session built
+#: by ``build_session`` (the Python API, a notebook that may run MLlib) and a
+#: Spark Connect server (its ML clients call them) keep Spark's default.
+COMMAND_LOCAL_CONFIGS = {"spark.sql.extensions.test.loadFromCp": "false"}
+
 
 def local_cores(master: str) -> Optional[int]:
     """The worker threads of a ``local``, ``local[N]``, ``local[*]`` or
@@ -170,11 +185,13 @@ class SessionStart:
     failed command leaves no JVM behind; as a context manager, an error
     inside the block cancels.  A Spark Connect session, or a process
     started by ``spark-submit`` (its JVM exists), is built by
-    :meth:`session`, in the caller's thread, as before."""
+    :meth:`session`, in the caller's thread, as before.  ``command``: the
+    session of one of our commands, which runs only our jobs (a local one
+    gets :data:`COMMAND_LOCAL_CONFIGS` under ``configs``)."""
 
     def __init__(self, app_name: str = "spark-changelog", master: Optional[str] = None,
                  configs: Optional[Mapping[str, str]] = None, remote: Optional[str] = None,
-                 background: bool = True):
+                 background: bool = True, command: bool = False):
         master = master or os.environ.get("SPARK_CHANGELOG_MASTER")
         remote = remote or (None if master else os.environ.get("SPARK_REMOTE"))
         self._spark = self._error = self._thread = self._proc = None
@@ -187,7 +204,7 @@ class SessionStart:
                                       "sc://... (or SPARK_REMOTE) for Spark Connect")
             self._build = lambda before_context: build_connect_session(remote, app_name, configs)
             return
-        options = _classic_options(app_name, master, configs)
+        options = _classic_options(app_name, master, configs, command)
         self._build = lambda before_context: _classic_session(options, before_context, self._launched)
         from pyspark import SparkContext
         if not background or SparkContext._gateway is not None or "PYSPARK_GATEWAY_PORT" in os.environ:
@@ -273,10 +290,11 @@ class _Cancelled(Exception):
 
 
 def _classic_options(app_name: str, master: Optional[str],
-                     configs: Optional[Mapping[str, str]]) -> dict:
+                     configs: Optional[Mapping[str, str]], command: bool = False) -> dict:
     """A classic session's settings (``spark.app.name``, ``spark.master``
     and the rest), for ``master`` (None: ``local[2]``, unless
-    ``spark-submit`` started this process and brings its own)."""
+    ``spark-submit`` started this process and brings its own); ``command``:
+    a command's session (:class:`SessionStart`)."""
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     if not master and "PYSPARK_GATEWAY_PORT" not in os.environ:
         # not launched by spark-submit (which brings its own master): run locally
@@ -285,6 +303,8 @@ def _classic_options(app_name: str, master: Optional[str],
     merged = dict(DEFAULT_CONFIGS)
     if master and master.startswith("local"):
         merged.update(LOCAL_CONFIGS)
+        if command:
+            merged.update(COMMAND_LOCAL_CONFIGS)
         # Spark's classes mapped from the environment's class archive, when
         # scripts/setup built one (runtime/class_archive.py)
         from .class_archive import java_option

@@ -1,7 +1,7 @@
 """The process of tests/runtime/test_session_start.py: a ``SessionStart``
 in a fresh interpreter (the test process has its session already).
 
-argv: ``take MARKER`` builds the session and prints, as JSON, the settings
+argv: ``take MARKER`` builds the session (a command's) and prints, as JSON, the settings
 it was asked for and those its context got, and the JVMs among this
 process's descendants; ``cancel MARKER`` waits until the JVM's process runs,
 cancels and prints whether any process of the start is left.  ``MARKER`` is
@@ -43,11 +43,11 @@ def processes_named(marker: str) -> list:
 
 def main(action: str, marker: str) -> None:
     configs = {"spark.sessionstart.marker": marker}
-    starting = SessionStart("session-start-test", configs=configs)
+    starting = SessionStart("session-start-test", configs=configs, command=True)
     if action == "take":
         spark = starting.session()
         from pyspark import SparkContext
-        asked = _classic_options("session-start-test", None, configs)
+        asked = _classic_options("session-start-test", None, configs, command=True)
         got = dict(spark.sparkContext.getConf().getAll())
         jvm_pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
         print(json.dumps({"asked": asked, "got": got, "jvm_pid": jvm_pid,

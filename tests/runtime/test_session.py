@@ -39,6 +39,39 @@ def test_the_class_archive_option_names_this_environments_archive_only(tmp_path,
     assert class_archive.archive_path("17.0.1") == str(ours)
 
 
+def test_a_session_of_the_python_api_keeps_mllibs_functions(spark):
+    """``build_session`` (the Python API, a notebook that may also run
+    MLlib) loads the extensions jars register, as Spark does: MLlib's
+    ``vector_to_array`` calls the SQL function its extension registers.  A
+    command's local session skips them (test_session_start.py)."""
+    from pyspark.ml.functions import array_to_vector, vector_to_array
+    from pyspark.sql import functions as F
+    assert spark.conf.get("spark.sql.extensions.test.loadFromCp", None) is None
+    df = spark.range(1).select(F.array(F.lit(1.0), F.lit(2.0)).alias("a"))
+    assert df.select(vector_to_array(array_to_vector("a")).alias("b")).first().b == [1.0, 2.0]
+
+
+def test_only_a_commands_local_session_skips_them_and_a_setting_brings_them_back(monkeypatch):
+    """A command's session on a cluster, a session of the Python API, and a
+    Spark Connect server started with LOCAL_CONFIGS (tests/cluster.py) keep
+    Spark's default; ``configs=`` (the CLI's ``--conf``) wins over ours
+    (runtime/session.py, COMMAND_LOCAL_CONFIGS)."""
+    import os
+    from spark_changelog.runtime.session import LOCAL_CONFIGS, _classic_options
+    for name in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON"):     # which _classic_options sets
+        if name in os.environ:
+            monkeypatch.setenv(name, os.environ[name])
+        else:       # restored as unset afterwards
+            monkeypatch.setenv(name, "")
+            monkeypatch.delenv(name)
+    key = "spark.sql.extensions.test.loadFromCp"
+    assert _classic_options("a", "local[2]", None, command=True)[key] == "false"
+    assert _classic_options("a", "local[2]", {key: "true"}, command=True)[key] == "true"
+    assert key not in _classic_options("a", "local[2]", None)
+    assert key not in _classic_options("a", "spark://host:7077", None, command=True)
+    assert key not in LOCAL_CONFIGS
+
+
 def test_local_workers_start_from_our_daemon(spark):
     assert spark.sparkContext.getConf().get("spark.python.daemon.module") == \
         "spark_changelog.runtime.worker_daemon"

@@ -35,6 +35,8 @@ def test_the_early_session_gets_the_settings_of_build_session_and_one_jvm(tmp_pa
         {k: v for k, v in r["asked"].items() if k not in java}
     assert r["got"]["spark.master"] == "local[2]"
     assert "-XX:TieredStopAtLevel=1" in r["got"]["spark.driver.extraJavaOptions"]
+    # a command's local session skips the jars' session extensions, and runs a job
+    assert r["got"]["spark.sql.extensions.test.loadFromCp"] == "false"
     # the JVM started early is the session's, and no second one was started
     assert r["jvms"] == [r["jvm_pid"]] and r["gateway_pid"] == r["jvm_pid"]
     assert r["count"] == 5
