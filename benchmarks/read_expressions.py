@@ -24,7 +24,9 @@ three ways:
 
 The trees are taken from a parse in a separate process (``prepare``, the
 Catalyst tree walked over py4j and kept as JSON), so the measured processes
-start as cold as a command.  Writes
+start as cold as a command.  That process also checks that each rebuild is
+the same read: a batch read built through it gives the rows (changes, dead
+letters, skips) of the read built from the text.  Writes
 ``benchmarks/results/read-expressions-<time>.json``.
 """
 from __future__ import annotations
@@ -182,11 +184,70 @@ def _nodes(tree) -> int:
     return own + sum(_nodes(t) for t in tree[own:])
 
 
+#: lines the read sends to its VARIANT path (every check, dead letters and skips), added to
+#: the equality check's copy of one input file
+_BAD_LINES = {
+    "debezium-json": ['not json', '{"op":"u","after":{"id":1,"g":2,"v":3}}', '{"op":"x"}',
+                      '{"op":"c","after":{"id":"a","g":1.5,"v":1}}', '{"op":"c","after":{"g":1,"v":1}}', 'null',
+                      '{"op":"t"}', '{"op":"m"}', '{"op":"d","before":{"id":2,"g":1,"v":1},"ts_ms":-1}'],
+    "changelog": ['not json', '{"id":1,"g":2,"v":3}', '{"id":1,"g":2,"v":3,"op":"+X"}',
+                  '{"id":"a","g":1.5,"v":1,"op":"+I"}', '{"g":1,"v":1,"op":"-D"}', 'null'],
+}
+
+
+def _rebuilt_reads_equal(spark, fmt: str, path: str) -> dict:
+    """Whether the read built through each rebuild (every ``selectExpr`` text
+    parsed, walked and rebuilt as Columns) gives the rows of the read built
+    from the text: a batch read of one input file with lines of every kind of
+    error and skip."""
+    import shutil
+    from pyspark.sql import functions as F
+    from pyspark.sql.classic.column import Column
+    from pyspark.sql.classic.dataframe import DataFrame
+    from pyspark.sql.connect import functions as CF
+    from spark_changelog.connectors.cdc_json import read_changes
+    work = tempfile.mkdtemp(prefix="read-expressions-check-")
+    shutil.copy(os.path.join(path, sorted(os.listdir(path))[0]), os.path.join(work, "part-0.json"))
+    with open(os.path.join(work, "part-9.json"), "w") as fh:
+        fh.write("\n".join(_BAD_LINES[fmt]) + "\n")
+    parser = spark._jsparkSession.sessionState().sqlParser()
+    jvm = spark._jvm
+    holder = jvm.org.apache.spark.sql.connect.service.SessionHolder.apply("check", "check", spark._jsparkSession)
+    planner = jvm.org.apache.spark.sql.connect.planner.SparkConnectPlanner(holder, jvm.scala.Option.empty())
+    proto = jvm.org.apache.spark.connect.proto.Expression
+    select_expr = DataFrame.selectExpr
+
+    def column(text: str, way: str):
+        tree = _walk(parser.parseExpression(text))
+        if way == "columns":
+            return _build(tree, F, {})
+        blob = _build(tree, CF, {}).to_plan(None).SerializeToString()
+        return Column(jvm.org.apache.spark.sql.classic.ExpressionUtils.column(
+            planner.transformExpression(proto.parseFrom(blob))))
+
+    def rows(way: str) -> list:
+        if way != "parse":
+            DataFrame.selectExpr = lambda self, *exprs: self.select(
+                *[F.col("*") if e == "*" else column(e, way) for e in exprs])
+        try:
+            read = read_changes(spark, work, fmt, SCHEMA, ["id"], streaming=False)
+            return sorted(map(tuple, read.rows.collect()), key=repr)
+        finally:
+            DataFrame.selectExpr = select_expr
+
+    expected = rows("parse")
+    assert sum(1 for r in expected if r[3] == -1) >= len(_BAD_LINES[fmt]) - 1, expected
+    result = {way: rows(way) == expected for way in ("columns", "connect")}
+    shutil.rmtree(work)
+    return result
+
+
 def prepare(fmt: str, path: str, out: str) -> None:
     spark = _session()
     texts = _record_texts(spark, fmt, path)
     parser = spark._jsparkSession.sessionState().sqlParser()
-    json.dump({"texts": texts, "trees": [_walk(parser.parseExpression(t)) for t in texts]}, open(out, "w"))
+    json.dump({"texts": texts, "trees": [_walk(parser.parseExpression(t)) for t in texts],
+               "rebuilt_reads_equal": _rebuilt_reads_equal(spark, fmt, path)}, open(out, "w"))
 
 
 def child(way: str, prepared: str) -> None:
@@ -263,8 +324,10 @@ def main() -> None:
         data = json.load(open(prepared))
         shape = {"expressions": len(data["texts"]), "characters": sum(map(len, data["texts"])),
                  "nodes": sum(_nodes(t) for t in data["trees"])}
+        shape["rebuilt_reads_equal"] = data["rebuilt_reads_equal"]
         print(f"{args.format} read: {shape['expressions']} expressions, {shape['characters']} characters, "
-              f"{shape['nodes']} nodes", flush=True)
+              f"{shape['nodes']} nodes; the rebuilt reads' rows equal the parsed read's: "
+              f"{data['rebuilt_reads_equal']}", flush=True)
         runs = {w: [] for w in WAYS}
         for _ in range(args.repeats):
             for way in WAYS:
