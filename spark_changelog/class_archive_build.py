@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+import zipfile
 from typing import Optional
 
-from .runtime.class_archive import archive_path
+from .runtime.class_archive import archive_path, unsigned_jars_dir
 
 
 def _training_files(directory: str) -> str:
@@ -79,16 +81,61 @@ def _train(out: str) -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
+def _signed(jar: str) -> bool:
+    with zipfile.ZipFile(jar) as z:
+        return any(_SIGNATURE.fullmatch(n) for n in z.namelist())
+
+
+#: a jar's signature files (``META-INF/NAME.SF`` and its signature block)
+_SIGNATURE = re.compile(r"META-INF/[^/]+\.(SF|DSA|RSA|EC)", re.IGNORECASE)
+
+
+def write_unsigned_jars() -> list:
+    """Unsigned copies of PySpark's signed jars in ``unsigned_jars_dir()``
+    (runtime/class_archive.py says why): every entry but the signature files,
+    and the manifest's main section without the per-entry digests that the
+    signature covers.  The directory is replaced whole."""
+    import pyspark
+    where = unsigned_jars_dir()
+    jars = os.path.join(os.path.dirname(pyspark.__file__), "jars")
+    tmp = f"{where}.{os.getpid()}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    written = []
+    for jar in sorted(glob.glob(os.path.join(jars, "*.jar"))):
+        if not _signed(jar):
+            continue
+        out = os.path.join(tmp, os.path.basename(jar))
+        with zipfile.ZipFile(jar) as zin, zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as zout:
+            for info in zin.infolist():
+                if _SIGNATURE.fullmatch(info.filename):
+                    continue
+                data = zin.read(info)
+                if info.filename.upper() == "META-INF/MANIFEST.MF":
+                    main = data.replace(b"\r\n", b"\n").split(b"\n\n", 1)[0].rstrip(b"\n")
+                    data = main.replace(b"\n", b"\r\n") + b"\r\n\r\n"
+                zout.writestr(info, data)
+        written.append(os.path.basename(jar))
+    shutil.rmtree(where, ignore_errors=True)
+    os.replace(tmp, where)
+    return written
+
+
 def build(force: bool = False) -> Optional[str]:
     """Build this environment's archive unless it exists -> its path (None:
     no Java).  Written under a temporary name and renamed when the training
     JVM has exited normally, so a killed build leaves no archive."""
     path = archive_path()
-    if path is None or (os.path.exists(path) and not force):
+    if path is None or (os.path.exists(path) and os.path.isdir(unsigned_jars_dir()) and not force):
         return path
     os.makedirs(os.path.dirname(path), exist_ok=True)
     for old in glob.glob(os.path.join(os.path.dirname(path), "spark-classes-*.jsa")):
         os.remove(old)      # another Java's or PySpark's: the JVM would refuse it
+    for old in glob.glob(os.path.join(os.path.dirname(path), "unsigned-jars-*")):
+        shutil.rmtree(old, ignore_errors=True)
+    # first: the training JVM runs with them on its class path, as every
+    # local session then does (session.py), and archives their classes
+    write_unsigned_jars()
     tmp = f"{path}.{os.getpid()}.tmp"
     started = time.time()
     proc = subprocess.run([sys.executable, "-m", "spark_changelog.class_archive_build", "--train", tmp],

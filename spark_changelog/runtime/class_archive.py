@@ -12,6 +12,17 @@ Java 13+), and every later local session starts with
 job through the SQL front end, so it lives above the runtime), about half a
 minute.
 
+Java's class data sharing leaves out the classes of a signed jar, and
+loading them checks every class's digest against the jar's signature.
+PySpark's Janino and commons-compiler jars are signed (a ``DUMMY``
+signature): their 433 classes, Spark's code generator, were read, digested
+and verified in every process's first micro-batch, on the query's own
+thread.  So the build also writes unsigned copies of PySpark's signed jars
+(the same entries without the signature files and the manifest's
+per-entry digests) beside the archive, and a local session puts them
+first on the driver's class path (:func:`driver_class_path`): the classes
+are the same bytes, now archived.
+
 The archive holds nothing of ours and no data: only class metadata of the
 JDK and the jars on the JVM's class path.  The JVM checks it against its own
 build and class path and ignores it (a warning in the Spark log, the run
@@ -49,6 +60,24 @@ def archive_path(java_version: Optional[str] = None) -> Optional[str]:
         return None
     name = f"spark-classes-java{java_version}-pyspark{pyspark.__version__}.jsa"
     return os.path.join(sys.prefix, "share", "spark-changelog", name)
+
+
+def unsigned_jars_dir() -> str:
+    """Where this environment keeps its unsigned copies of PySpark's signed
+    jars (one directory per PySpark version)."""
+    import pyspark
+    return os.path.join(sys.prefix, "share", "spark-changelog", f"unsigned-jars-pyspark{pyspark.__version__}")
+
+
+def driver_class_path() -> str:
+    """The unsigned copies, for the front of the driver's class path
+    (``spark.driver.extraClassPath``), when the archive's build wrote them,
+    else nothing.  The archive was built with them on its class path, and
+    the JVM refuses an archive whose class path is not the one it runs
+    with."""
+    where = unsigned_jars_dir()
+    jars = sorted(glob.glob(os.path.join(where, "*.jar")))
+    return os.pathsep.join(jars)
 
 
 def java_option() -> str:

@@ -307,8 +307,12 @@ def _classic_options(app_name: str, master: Optional[str],
             merged.update(COMMAND_LOCAL_CONFIGS)
         # Spark's classes mapped from the environment's class archive, when
         # scripts/setup built one (runtime/class_archive.py)
-        from .class_archive import java_option
+        from .class_archive import driver_class_path, java_option
         merged["spark.driver.extraJavaOptions"] = f"{LOCAL_JAVA_OPTIONS} {java_option()}".strip()
+        if driver_class_path():
+            # unsigned copies of PySpark's signed jars, first: their classes
+            # archived, not digested at every load (runtime/class_archive.py)
+            merged["spark.driver.extraClassPath"] = driver_class_path()
         # one task per core: fewer tasks per stage, each with its fixed cost
         # (a stateful task's state-store load and commit, a Python worker's
         # round trips); the demo's job 14.6-16.8 s with 4 on 2 cores, 12.2-13.7 s

@@ -21,6 +21,55 @@ def test_a_local_session_maps_the_class_archive_when_setup_built_one(spark):
     assert option == "" or option in args
 
 
+def test_janinos_classes_come_from_the_unsigned_copy_when_setup_wrote_one(spark):
+    """Spark's code generator (Janino, a signed jar) loaded from the copy
+    first on the class path, whose classes the archive holds
+    (runtime/class_archive.py)."""
+    import os
+    from spark_changelog.runtime.class_archive import driver_class_path
+    copies = driver_class_path()
+    jvm = spark.sparkContext._jvm
+    where = jvm.java.lang.Class.forName("org.codehaus.janino.ClassBodyEvaluator") \
+        .getProtectionDomain().getCodeSource().getLocation().getPath()
+    if copies:
+        assert spark.sparkContext.getConf().get("spark.driver.extraClassPath") == copies
+        assert where in copies.split(os.pathsep)
+    else:
+        assert "/pyspark/jars/" in where
+
+
+def test_the_unsigned_copies_hold_the_signed_jars_entries_without_the_signature(tmp_path, monkeypatch):
+    import glob
+    import os
+    import sys
+    import zipfile
+
+    import pyspark
+
+    from spark_changelog import class_archive_build
+    from spark_changelog.runtime import class_archive
+    monkeypatch.setattr(sys, "prefix", str(tmp_path))
+    assert class_archive.driver_class_path() == ""
+    written = class_archive_build.write_unsigned_jars()
+    jars = os.path.join(os.path.dirname(pyspark.__file__), "jars")
+    signed = [os.path.basename(j) for j in sorted(glob.glob(os.path.join(jars, "*.jar")))
+              if class_archive_build._signed(j)]
+    assert written == signed and "janino-3.1.9.jar" in written
+    assert class_archive.driver_class_path().split(os.pathsep) == \
+        [os.path.join(class_archive.unsigned_jars_dir(), j) for j in written]
+    for name in written:
+        with zipfile.ZipFile(os.path.join(jars, name)) as orig, \
+                zipfile.ZipFile(os.path.join(class_archive.unsigned_jars_dir(), name)) as copy:
+            kept = [n for n in orig.namelist() if not class_archive_build._SIGNATURE.fullmatch(n)]
+            assert copy.namelist() == kept
+            assert not class_archive_build._signed(os.path.join(class_archive.unsigned_jars_dir(), name))
+            for n in kept:
+                if n.endswith(".class"):
+                    assert copy.read(n) == orig.read(n)
+            manifest = copy.read("META-INF/MANIFEST.MF").decode()
+            assert "Digest" not in manifest and manifest.startswith("Manifest-Version: 1.0")
+
+
 def test_the_class_archive_option_names_this_environments_archive_only(tmp_path, monkeypatch):
     import sys
 
