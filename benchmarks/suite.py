@@ -229,7 +229,16 @@ def _say(what: str, r: dict, events: int) -> None:
           f" | CPU {r['cpu_s']:.0f} s | peak RSS {r['peak_rss_mib']:,} MiB | load {r['load']}", flush=True)
     if "warm_job_before_query_start" in r:
         print(f"  {'':<44} session start {r['session_start']:.1f} s; before the query starts: first job "
-              f"{r['first_job_before_query_start']:.1f} s, warm {r['warm_job_before_query_start']:.1f} s", flush=True)
+              f"{r['first_job_before_query_start']:.1f} s, warm {r['warm_job_before_query_start']:.1f} s"
+              f"{_planning(r)}", flush=True)
+
+
+def _planning(r: dict) -> str:
+    """The first micro-batch's ``queryPlanning`` of the first and the warm job, when recorded."""
+    if "warm_job_query_planning" not in r:
+        return ""
+    return (f"; first micro-batch's planning: first job {r['first_job_query_planning']:.1f} s, "
+            f"warm {r['warm_job_query_planning']:.1f} s")
 
 
 def _rate(events: int, secs) -> str:
@@ -310,7 +319,7 @@ def markdown(result: dict) -> str:
                       "translation, lowering, the query's start; docs/runtime.md, \"Before the query starts\"): "
                       + "; ".join(f"{name} {x['first_job_before_query_start']:.1f} s in the first job, "
                                   f"{x['warm_job_before_query_start']:.1f} s warm (session start "
-                                  f"{x['session_start']:.1f} s)" for name, x in starts) + ".", ""]
+                                  f"{x['session_start']:.1f} s{_planning(x)})" for name, x in starts) + ".", ""]
         if any(w["workload"] == "windows" for w in result["workloads"]):
             lines += ["windows: the clicks are in two files (one per reader), each ending with a closing click "
                       "ten days after the last real one, "
