@@ -447,15 +447,16 @@ class ChangelogStream:
         names it unless ``name`` is given."""
         from pyspark.sql import Column, functions as F
         types = self._types()
-        data = self._lowered().data_df
         column = c if isinstance(c, Column) else None
         if column is None:
             try:
                 tree = parse(c)
             except ExpressionError:
                 column = F.expr(c)            # Spark may still know it: read its resolved SQL
+        # the input's rows are built only to resolve what the tree does not
+        # say (a reader's rows are otherwise built when first used)
         if column is not None:
-            spark_name, sql = column_sql(data, column)
+            spark_name, sql = column_sql(self._lowered().data_df, column)
             try:
                 tree = parse(sql)
             except ExpressionError:           # opaque to the planner: keeps no key
@@ -464,7 +465,7 @@ class ChangelogStream:
             # explain shows the tree's Spark SQL (a Column prints as ``+(a, 1)``)
             return project_item(tree, name or spark_name, types, deterministic, column=column)
         if name is None and tree.alias == "":
-            name = data.select(F.expr(c)).columns[0]
+            name = self._lowered().data_df.select(F.expr(c)).columns[0]
         return project_item(tree, name, types, deterministic, text=c.strip())
 
     def with_column(self, name: str, expr, deterministic: Optional[bool] = None

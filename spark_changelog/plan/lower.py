@@ -72,8 +72,11 @@ class Lowered:
 
     @property
     def df(self):
-        """The node's changelog DataFrame (a reader's rows are built here when
-        they were not yet: ``ReadResult.rows``)."""
+        """The node's changelog DataFrame (a reader's rows, or a projection
+        of them (:func:`_project`), are built here when they were not yet:
+        ``ReadResult.rows``)."""
+        if isinstance(self.frame, _Deferred):
+            return self.frame.built()
         return self.frame.rows if self.defers_rows else self.frame
 
     @property
@@ -145,12 +148,16 @@ class _Deferred:
     def sparkSession(self):
         return self._spark
 
+    def built(self):
+        """The DataFrame, built on the first call."""
+        if self._built is None:
+            self._built = self._build()
+        return self._built
+
     def __getattr__(self, name):
         if name.startswith("_"):
             raise AttributeError(name)
-        if self._built is None:
-            self._built = self._build()
-        return getattr(self._built, name)
+        return getattr(self.built(), name)
 
 
 def data_rows(df):
@@ -511,9 +518,15 @@ def _proctime_unread(node: Deduplicate, inp: Lowered) -> tuple[Lowered, Optional
     are the reader's): its line task then packs the rows, the null column
     added by the packing (docs/runtime.md, "Packing in the line task")."""
     from pyspark.sql import functions as F
+    from pyspark.sql import types as T
     col = node.proctime_column
-    df = inp.df.withColumn(col, F.lit(None).cast(inp.df.schema[col].dataType))
-    others = [c for c in inp.df.columns if c not in (col, KIND_COL, SEQ_COL, METRICS_COL)]
+    schema = inp.schema
+    null = T.StructType([T.StructField(f.name, f.dataType, True) if f.name == col else f for f in schema.fields])
+    spark = inp.reader.spark if inp.defers_rows else inp.frame.sparkSession
+    # not built when the packed read is what the operator reads (_Deferred)
+    df = _Deferred(null, inp.is_streaming, spark,
+                   lambda: inp.df.withColumn(col, F.lit(None).cast(schema[col].dataType)))
+    others = [c for c in schema.fieldNames() if c not in (col, KIND_COL, SEQ_COL, METRICS_COL)]
     reader = _reader_with_columns(node.input, others)
     packed = getattr(reader, "packed_rows", None) if reader is not None else None
     return dataclasses.replace(inp, frame=df), packed
@@ -630,9 +643,41 @@ def spark_column(item):
 
 
 def _project(node: Project, inp: Lowered) -> Lowered:
+    deferred = _deferred_projection(node, inp)
+    if deferred is not None:
+        return dataclasses.replace(inp, frame=deferred)
     frame = _projection(node, inp.df)
     packs, names = _packs_through(node, inp, frame)
     return dataclasses.replace(inp, frame=frame, packs=packs, packed_names=names)
+
+
+def _deferred_projection(node: Project, inp: Lowered) -> Optional[_Deferred]:
+    """``node``'s projection not built yet when its input is not
+    (a reader's rows, or such a projection of them) and each item is an input
+    column or ``current_timestamp()`` (a ``PROCTIME()`` column), whose types
+    are known without Spark: a deduplication on processing time reading it
+    then builds only the reader's packed plan (:func:`_proctime_unread`,
+    docs/runtime.md, "Before the query starts"); anything else that reads
+    it builds it, as :func:`_projection` builds it; else None."""
+    from pyspark.sql import types as T
+    if not (inp.defers_rows or isinstance(inp.frame, _Deferred)):
+        return None
+    schema = inp.schema
+    side_rows = METRICS_COL in schema.fieldNames()
+    fields = []
+    for item in node.items:
+        source = _reference(item)
+        if source is not None and source in schema.fieldNames():
+            f = schema[source]
+            fields.append(T.StructField(item.name, f.dataType, f.nullable or side_rows))
+        elif item.column is None and item.expr is not None and \
+                isinstance(expressions.split_alias(item.expr)[0], exp.CurrentTimestamp):
+            fields.append(T.StructField(item.name, T.TimestampType(), side_rows))
+        else:
+            return None
+    fields += [schema[c] for c in (KIND_COL, SEQ_COL) + ((METRICS_COL,) if side_rows else ())]
+    spark = inp.reader.spark if inp.defers_rows else inp.frame.sparkSession
+    return _Deferred(T.StructType(fields), inp.is_streaming, spark, lambda: _projection(node, inp.df))
 
 
 def _packs_through(node: Project, inp: Lowered, frame) -> tuple:

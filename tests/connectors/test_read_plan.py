@@ -83,12 +83,25 @@ def test_a_keyed_operator_reading_the_source_builds_only_the_packed_plan(spark, 
         assert sorted(r["id"] for r in normalized.df.where("_kind >= 0").collect()) == [1]
 
 
-def test_a_projection_over_the_source_builds_the_rows(spark, debezium_files):
+def test_a_projection_over_the_source_builds_the_rows_when_read(spark, debezium_files):
+    """A projection of plain columns (and ``current_timestamp()``) over rows
+    not built yet is not built either until something reads it; its schema
+    is the built one's."""
     stream = api_read_changes(spark, debezium_files, "debezium-json", SCHEMA, "id")
     (reader,) = stream.sources
-    projected = stream.select("id", "v")
-    assert reader.built
+    projected = stream.select("id", "v").with_column("pt", "current_timestamp()", deterministic=False)
+    assert not reader.built
+    schema = projected.spark_schema
     assert sorted(r["id"] for r in projected.df.where("_kind >= 0").collect()) == [1]
+    assert reader.built
+    assert schema.json() == projected.df.schema.json()
+
+
+def test_a_computed_projection_over_the_source_builds_the_rows(spark, debezium_files):
+    stream = api_read_changes(spark, debezium_files, "debezium-json", SCHEMA, "id")
+    (reader,) = stream.sources
+    stream.select("id", "v + 1 AS w")
+    assert reader.built
 
 
 def test_plain_rows_take_their_kind_without_a_case_mapping(spark, changelog_files):

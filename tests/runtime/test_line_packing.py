@@ -249,7 +249,7 @@ def test_keep_last_on_processing_time_packs_in_the_line_task(spark, tmp_path, mo
     line_packed = ReadResult.packed_rows
 
     def recording(self, packer):
-        packers.append(packer)
+        packers.append((packer, self))
         return line_packed(self, packer)
 
     def run(name):
@@ -268,6 +268,9 @@ def test_keep_last_on_processing_time_packs_in_the_line_task(spark, tmp_path, mo
         m.setattr(ReadResult, "packed_rows", recording)
         packed, packed_changes, table = run("packed")
     assert packers, "the line task did not pack"
+    # the packed read is the only read plan built: the PROCTIME() projection
+    # over the reader's rows is not (docs/runtime.md, "Before the query starts")
+    assert not any(reader.built for _, reader in packers)
     with monkeypatch.context() as m:
         m.setattr(ReadResult, "packed_rows", lambda self, packer: None)
         plain, plain_changes, plain_table = run("plain")
