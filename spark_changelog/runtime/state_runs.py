@@ -45,7 +45,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from ..operators.kernels import ranges_to_indices
+from ..operators.kernels import factorize_rows, ranges_to_indices, run_starts
+from ..operators.keys import first_rows, rows_with_keys
 
 CLEARED_COL = "__cleared"
 
@@ -62,12 +63,15 @@ def concat_rows(frames) -> pd.DataFrame:
 
 
 def _factorize_keys(df: pd.DataFrame, key: Sequence[str]):
+    """Codes of the rows' keys, numbered in order of their first rows, and
+    the distinct keys in that order (an index of their tuples for a key of
+    several columns: made from the first rows, not by hashing a tuple per
+    row)."""
     if len(key) == 1:
         codes, uniques = pd.factorize(df[key[0]], use_na_sentinel=False)
         return codes, pd.Index(uniques)
-    mi = pd.MultiIndex.from_frame(df[list(key)])
-    codes, uniques = mi.factorize()
-    return codes, uniques
+    codes = pd.factorize(factorize_rows(df, key))[0]
+    return codes, pd.MultiIndex.from_frame(df[list(key)].take(first_rows(codes)))
 
 
 
@@ -105,11 +109,14 @@ class Run:
         rows = rows.reset_index(drop=True)
         if len(rows):
             codes, uniques = _factorize_keys(rows, key)
-            order = np.argsort(codes, kind="stable")
-            rows = rows.take(order).reset_index(drop=True)
-            codes = codes[order]
-            starts = np.searchsorted(codes, np.arange(len(uniques)), side="left")
-            ends = np.searchsorted(codes, np.arange(len(uniques)), side="right")
+            # codes number the keys by first row: rows already grouped by key
+            # (an operator's new state usually is) keep their order untaken
+            if (codes[1:] < codes[:-1]).any():
+                order = np.argsort(codes, kind="stable")
+                rows = rows.take(order).reset_index(drop=True)
+                codes = codes[order]
+            starts = np.flatnonzero(run_starts(codes))
+            ends = np.append(starts[1:], len(codes))
         else:
             uniques = pd.Index([]) if len(key) == 1 else pd.MultiIndex.from_arrays([[]] * len(key))
             starts = ends = np.zeros(0, dtype=np.int64)
@@ -255,7 +262,6 @@ class RunStack:
 
     def new_run(self, touched: pd.DataFrame, new_state: pd.DataFrame) -> Run:
         """The run recording a batch: new rows of touched keys, markers for cleared ones."""
-        from ..operators.keys import rows_with_keys
         present = rows_with_keys(touched, self.key, new_state)
         markers = touched[~present].copy()
         rows = new_state.copy()
