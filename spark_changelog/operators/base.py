@@ -39,6 +39,7 @@ from __future__ import annotations
 import abc
 import collections
 import dataclasses
+import functools
 from typing import Optional
 
 import numpy as np
@@ -46,6 +47,19 @@ import pandas as pd
 import pyarrow as pa
 
 from ..model import KIND_COL, SEQ_COL
+
+
+@functools.lru_cache(maxsize=512)
+def _empty_frame(schema: pa.Schema) -> pd.DataFrame:
+    return schema.empty_table().to_pandas()
+
+
+def empty_frame(schema: pa.Schema) -> pd.DataFrame:
+    """An empty frame of ``schema``'s columns and pandas types: Arrow's
+    conversion of an empty table, made once per schema (it costs about a
+    millisecond, and a key group's step asks for one per operator when the
+    state has none of its keys), copied so no caller changes another's."""
+    return _empty_frame(schema).copy()
 
 
 @dataclasses.dataclass
@@ -219,7 +233,7 @@ class KeyedOperator(abc.ABC):
         return None
 
     def empty_state(self) -> pd.DataFrame:
-        return self.state_schema.empty_table().to_pandas()
+        return empty_frame(self.state_schema)
 
     def empty_output(self) -> pd.DataFrame:
-        return self.output_schema.empty_table().to_pandas()
+        return empty_frame(self.output_schema)
