@@ -129,6 +129,13 @@ class KeyedOperator(abc.ABC):
     #: short name used in explain output, metrics and state names
     name: str = "operator"
 
+    #: True when ``process`` puts its rows in its processing order itself
+    #: (by key, then ``_seq``) and keeps rows that tie in that order as they
+    #: were given: a runtime handing it rows whose order is already
+    #: deterministic (an earlier operator's output in a chain of keyed
+    #: operators, ``runtime/keyed_chain.py``) need not sort them first
+    orders_own_rows: bool = False
+
     def __init__(self, input_schema: pa.Schema, key: tuple[str, ...]):
         missing = [k for k in key if k not in input_schema.names]
         if missing:

@@ -440,6 +440,10 @@ class SinkUpsertMaterializer(KeyedOperator):
     """
 
     name = "sink_upsert_materializer"
+    #: ``_prepare`` puts the rows in processing order (sink key, ``_seq``,
+    #: retractions first), a stable sort that checks first: rows in the
+    #: normalize's order (by ``id``, then ``_seq``) are in it already
+    orders_own_rows = True
 
     def __init__(self, input_schema: pa.Schema, sink_key: Sequence[str],
                  upsert_key: Optional[Sequence[str]] = None, state_ttl_ms: Optional[int] = None,
@@ -716,13 +720,22 @@ class SinkUpsertMaterializer(KeyedOperator):
         seq = ops[SEQ_COL].to_numpy(dtype=np.int64)
         kinds = ops[KIND_COL].to_numpy(dtype=np.int64)
         add = IS_ADD[kinds]
-        starts = run_starts(sk_r)
-        same = ~starts[1:]
-        in_order = (int(starts.sum()) == np.count_nonzero(np.bincount(sk_r))
-                    and not (same & ((seq[1:] < seq[:-1])
-                                     | ((seq[1:] == seq[:-1]) & add[:-1] & ~add[1:]))).any())
-        if not in_order:
+        # processing order: the rows as given, sorted stably by sink key,
+        # then ``_seq``, then retractions first; checked in two steps, as
+        # rows in a normalize's order (by ``id``, then ``_seq``) need no
+        # sort or only the first
+        perm = None
+        if int(run_starts(sk_r).sum()) != np.count_nonzero(np.bincount(sk_r)):
+            # a sink key's rows apart (an ``id`` back on an earlier ``g``):
+            # group them, stably, by the keys numbered in order of their
+            # first rows, so the sort has little to move
+            perm = np.argsort(pd.factorize(sk_r)[0], kind="stable")
+        g_sk, g_seq, g_add = (sk_r, seq, add) if perm is None else (sk_r[perm], seq[perm], add[perm])
+        same = ~run_starts(g_sk)[1:]
+        if (same & ((g_seq[1:] < g_seq[:-1])
+                    | ((g_seq[1:] == g_seq[:-1]) & g_add[:-1] & ~g_add[1:]))).any():
             perm = np.lexsort((add, seq, sk_r))
+        if perm is not None:
             full = np.concatenate([np.arange(n_s), n_s + perm])
             values.reorder(full)
             sk, kinds, seq = sk[full], kinds[perm], seq[perm]

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 
@@ -36,13 +37,35 @@ def conform_rows(rows: pd.DataFrame, schema: pa.Schema) -> pd.DataFrame:
     """``rows`` as the next operator reads them in an unchained run: through
     Arrow in its input ``schema`` and back (the pandas types of a key
     group's rows after Spark, ``keyed_rows.arrow_input``), so a chained
-    operator gets the very frame it would get after a shuffle."""
+    operator gets the very frame it would get after a shuffle.  Columns of
+    numpy integer, boolean or float types that are the schema's own (a
+    normalize's output of such columns) are that frame already: the
+    conversion would give back the same values in the same types (a float's
+    NaN returns as NaN), so it is skipped."""
+    if list(rows.columns) == schema.names and all(
+            _same_numpy_type(rows[f.name].dtype, f.type) for f in schema):
+        return rows.reset_index(drop=True)
     table = pa.Table.from_pandas(rows, schema=schema, preserve_index=False)
     return table.to_pandas(maps_as_pydicts="strict")
 
 
+def _same_numpy_type(dtype, arrow_type: pa.DataType) -> bool:
+    """Whether Arrow's ``to_pandas`` of ``arrow_type`` gives numpy ``dtype``
+    for any values a column of ``dtype`` holds (integers and booleans hold no
+    nulls; floats hold theirs as NaN either way)."""
+    if not isinstance(dtype, np.dtype) or dtype.kind not in "iubf":
+        return False
+    if not (pa.types.is_integer(arrow_type) or pa.types.is_boolean(arrow_type)
+            or pa.types.is_floating(arrow_type)):
+        return False
+    return arrow_type.to_pandas_dtype() == dtype.type
+
+
 class ChainInput:
     """A link reading the chain's input rows as they are."""
+
+    #: the rows come in the shuffle's arrival order
+    ordered = False
 
     def __call__(self, rows: pd.DataFrame, outputs: list) -> pd.DataFrame:
         return rows
@@ -50,6 +73,10 @@ class ChainInput:
 
 class LinkOutput:
     """A link reading the output of link ``index`` (in the link's input schema)."""
+
+    #: the rows come in the order that link emitted them: a function of its
+    #: sorted input and its state, so the same in any replay
+    ordered = True
 
     def __init__(self, index: int, schema: pa.Schema):
         self.index, self.schema = index, schema
@@ -64,6 +91,8 @@ class JoinSide:
     join's union of its two inputs (``JoinInputLayout.spark_union``): the
     rows of ``side``, its columns under their input names, in the link's
     input ``schema``."""
+
+    ordered = False
 
     def __init__(self, layout, side: int, schema: pa.Schema):
         self.layout, self.side, self.schema = layout, side, schema
@@ -86,6 +115,8 @@ class JoinUnion:
     """A link (the join) reading the outputs of links ``left`` and
     ``right`` as its union rows (``JoinInputLayout.union_pandas``), in its
     input ``schema``."""
+
+    ordered = True
 
     def __init__(self, layout, left: int, right: int, schema: pa.Schema):
         self.layout, self.left, self.right, self.schema = layout, left, right, schema
@@ -157,7 +188,7 @@ class KeyedChain:
                 outputs.append(op.empty_output())
                 continue
             stack, ctx = open_link(i)
-            outputs.append(process_key_group(op, stack, inp, ctx))
+            outputs.append(process_key_group(op, stack, inp, ctx, ordered=feed.ordered))
             ran.append(i)
         return outputs[-1], ran
 

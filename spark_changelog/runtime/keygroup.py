@@ -70,10 +70,13 @@ def sorted_ties(rows: pd.DataFrame, columns) -> Optional[np.ndarray]:
 
 
 def process_key_group(operator: KeyedOperator, stack: Optional[RunStack], rows: pd.DataFrame,
-                      ctx: OpContext) -> pd.DataFrame:
+                      ctx: OpContext, ordered: bool = False) -> pd.DataFrame:
     """Sort, look up the touched keys' state, run the operator, record the new
     state of exactly those keys as a run.  ``stack=None``: no earlier state and
-    nothing to keep (a bounded input processed in one go).
+    nothing to keep (a bounded input processed in one go).  ``ordered``: the
+    rows' order is already deterministic (an earlier chained operator's
+    output, never arrival order); an operator that orders its rows itself
+    (``orders_own_rows``) then takes them in it, unsorted.
 
     For an operator that waits for the watermark, the keys of the group whose
     state the watermark ``ctx.watermark_ms`` made due are handed over too (with
@@ -81,7 +84,8 @@ def process_key_group(operator: KeyedOperator, stack: Optional[RunStack], rows: 
     second pass by the timer."""
     if rows.empty:
         return operator.empty_output()
-    rows = sort_rows(rows, operator.key)
+    if not (ordered and operator.orders_own_rows):
+        rows = sort_rows(rows, operator.key)
     touched = distinct_keys(rows, operator.key)
     if operator.uses_watermark and stack is not None and ctx.watermark_ms is not None:
         due = stack.live_where(lambda r: operator.due(r, ctx))
