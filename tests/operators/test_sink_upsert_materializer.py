@@ -298,3 +298,34 @@ def test_conflict_modes_match_reference(case, conflict, rnd):
         out2 = flush(runner, watermark)
         got = to_rows(out, fx["columns"]) + to_rows(out2, fx["columns"])
         assert per_key(got, fx) == per_key([[k, list(v)] for k, v in expected], fx)
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(changelogs(), st.randoms())
+def test_process_orders_any_interleaving_itself(case, rnd):
+    """``orders_own_rows``: a chained materializer gets the operator
+    before's output unsorted, so ``process`` itself puts any order of a
+    batch's rows (a sink key's rows apart, or out of ``_seq`` order) in its
+    processing order: the reference's changelog per key, table and state."""
+    fx, rows, seqs, cuts = case
+    ref = ReferenceSinkUpsertMaterializer(fx["columns"], fx["sink_key"], fx["upsert_key"])
+    expected = [[k, list(v)] for k, v in ref.run([(k, tuple(v)) for k, v in rows])]
+    op = make_operator(fx)
+    assert op.orders_own_rows
+    frame = to_frame(rows, fx["columns"], seqs=seqs)
+    bounds = [0, *sorted(set(cuts)), len(frame)]
+    state, outs, next_seq = op.empty_state(), [], 0
+    for a, b in zip(bounds, bounds[1:]):
+        if b <= a:
+            continue
+        batch = frame.iloc[a:b]
+        if rnd.random() < 0.5:
+            batch = batch.sample(frac=1, random_state=rnd.randrange(2 ** 31))
+        ctx = OpContext(processing_time_ms=0, next_seq=next_seq)
+        state, out = op.process(state, batch.reset_index(drop=True), ctx)
+        next_seq = ctx.next_seq
+        outs.append(out)
+    out = pd.concat(outs, ignore_index=True)
+    assert per_key(output_rows(out, fx), fx) == per_key(expected, fx)
+    assert table_of(out, fx) == sorted([list(v) for v in ref.table().values()], key=repr)
+    assert state_lists(state, fx) == {k: [list(r) for r in v] for k, v in ref.state.items()}

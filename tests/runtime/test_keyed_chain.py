@@ -369,3 +369,75 @@ def test_a_chained_join_checkpoint_rescaled_resumes_exactly(spark, tmp_path, joi
     whole = _run_join(spark, s1, s2, str(tmp_path / "whole"), key_groups=None)
     assert rows == whole[0] == expected
     assert per_key == whole[1]
+
+
+def test_the_materializer_takes_the_normalize_output_unsorted():
+    """In a key group the chained materializer gets the normalize's output
+    in the order it was emitted (by ``id``, then ``_seq``), not sorted by its
+    key ``(g, id)``: an ``id`` that moves to another ``g`` and back has its
+    sink key's rows apart, and a float column with NaN passes between the
+    links without Arrow's conversion.  Over two batches each sink key's
+    changelog, the final table and the state equal the unchained steps'
+    (each link's rows sorted by its key)."""
+    import numpy as np
+    import pandas as pd
+    import pyarrow as pa
+
+    from spark_changelog.model import KIND_COL, SEQ_COL
+    from spark_changelog.operators.base import OpContext
+    from spark_changelog.operators.normalize import ChangelogNormalize
+    from spark_changelog.operators.sink_upsert_materializer import SinkUpsertMaterializer
+    from spark_changelog.runtime.keyed_chain import KeyedChain, conform_rows
+    from spark_changelog.runtime.keygroup import process_key_group
+    from spark_changelog.runtime.state_runs import RunStack
+
+    schema = pa.schema([("id", pa.int64()), ("g", pa.int64()), ("v", pa.float64()),
+                        (KIND_COL, pa.int8()), (SEQ_COL, pa.int64())])
+    norm = ChangelogNormalize(schema, ["id"])
+    mat = SinkUpsertMaterializer(norm.output_schema, ["g", "id"], upsert_key=["id"])
+    chain = KeyedChain.linear((norm, mat))
+    # (id, g, v, kind, seq): id 1 goes g 5 -> 6 -> 5 (its rows of (5, 1) apart),
+    # id 2 is deleted and comes back, v NaN on some rows
+    batches = [[(1, 5, 1.0, 0, 1), (2, 7, np.nan, 0, 2), (1, 6, 2.0, 2, 3), (3, 5, 3.0, 0, 4),
+                (1, 5, np.nan, 2, 5), (2, 7, np.nan, 3, 6), (2, 5, 4.0, 0, 7)],
+               [(1, 6, 5.0, 2, 8), (3, 5, 3.5, 2, 9), (1, 5, 6.0, 2, 10), (2, 5, 4.0, 3, 11)]]
+    chained = [RunStack(norm.key), RunStack(mat.key)]
+    plain = [RunStack(norm.key), RunStack(mat.key)]
+    seqs = {"chained": [0, 0], "plain": [0, 0]}
+    outs = {"chained": [], "plain": []}
+    for rows in batches:
+        frame = pd.DataFrame(rows, columns=schema.names).astype({KIND_COL: np.int8})
+
+        def open_link(i):
+            ctx = OpContext(processing_time_ms=0, next_seq=seqs["chained"][i])
+            opened[i] = ctx
+            return chained[i], ctx
+        opened = {}
+        out, ran = chain.process(frame, open_link)
+        assert ran == [0, 1]
+        for i, ctx in opened.items():
+            seqs["chained"][i] = ctx.next_seq
+        outs["chained"].append(out)
+        mid = frame
+        for i, op in enumerate((norm, mat)):
+            ctx = OpContext(processing_time_ms=0, next_seq=seqs["plain"][i])
+            # unchained: through Arrow, in the shuffled order the runtime sorts
+            mid = process_key_group(op, plain[i], conform_rows(mid, op.input_schema).iloc[::-1], ctx)
+            seqs["plain"][i] = ctx.next_seq
+        outs["plain"].append(mid)
+
+    def per_key(frames):
+        out = pd.concat(frames, ignore_index=True)
+        assert (np.diff(out[SEQ_COL].to_numpy()) > 0).all()
+        return {k: [(int(r[KIND_COL]), None if np.isnan(r["v"]) else r["v"]) for _, r in g.iterrows()]
+                for k, g in out.groupby(["g", "id"], sort=True)}
+
+    assert per_key(outs["chained"]) == per_key(outs["plain"])
+    assert per_key(outs["chained"])[(5, 1)] == [(0, 1.0), (3, 1.0), (0, None), (3, None), (0, 6.0)]
+
+    def state(stack):
+        rows = stack.lookup(pd.DataFrame({"g": [5, 5, 5, 6, 7], "id": [1, 2, 3, 1, 2]}))
+        return sorted((int(r.g), int(r.id), float(r.v)) for r in rows.itertuples())
+
+    assert state(chained[1]) == [(5, 1, 6.0), (5, 3, 3.5)]
+    assert state(plain[1]) == state(chained[1])
