@@ -36,25 +36,7 @@ def rows_with_keys(df: pd.DataFrame, key: Sequence[str], keys: pd.DataFrame) -> 
 
 
 def distinct_keys(df: pd.DataFrame, key: Sequence[str]) -> pd.DataFrame:
-    """The distinct keys of ``df`` in the order of their first rows, nulls
-    equal to nulls (``drop_duplicates``'s answer, from one combined code per
-    row instead of its hashing of every column: about a third of its time on
-    a key group of a two-column key, docs/runtime.md, "Where the time goes")."""
-    cols = list(key)
-    if len(df) < 2:
-        return df[cols].reset_index(drop=True)
-    return df[cols].take(first_rows(factorize_rows(df, cols))).reset_index(drop=True)
-
-
-def first_rows(codes: np.ndarray) -> np.ndarray:
-    """Positions of the first row of each distinct code, in row order."""
-    if not len(codes):
-        return np.zeros(0, dtype=np.int64)
-    seen = pd.factorize(codes)[0]          # codes numbered by first appearance
-    top = np.maximum.accumulate(seen)
-    first = np.ones(len(codes), dtype=bool)
-    first[1:] = top[1:] > top[:-1]         # a new code is one more than any before
-    return np.flatnonzero(first)
+    return df[list(key)].drop_duplicates().reset_index(drop=True)
 
 
 def key_change(rows: pd.DataFrame, key: Sequence[str]) -> np.ndarray:

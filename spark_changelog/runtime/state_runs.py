@@ -46,7 +46,7 @@ import pandas as pd
 import pyarrow as pa
 
 from ..operators.kernels import factorize_rows, ranges_to_indices, run_starts
-from ..operators.keys import first_rows, rows_with_keys
+from ..operators.keys import rows_with_keys
 
 CLEARED_COL = "__cleared"
 
@@ -64,14 +64,12 @@ def concat_rows(frames) -> pd.DataFrame:
 
 def _factorize_keys(df: pd.DataFrame, key: Sequence[str]):
     """Codes of the rows' keys, numbered in order of their first rows, and
-    the distinct keys in that order (an index of their tuples for a key of
-    several columns: made from the first rows, not by hashing a tuple per
-    row)."""
+    for a one-column key the distinct keys in that order (None for a key of
+    several columns: :attr:`Run.uniques` makes their index when asked)."""
     if len(key) == 1:
         codes, uniques = pd.factorize(df[key[0]], use_na_sentinel=False)
         return codes, pd.Index(uniques)
-    codes = pd.factorize(factorize_rows(df, key))[0]
-    return codes, pd.MultiIndex.from_frame(df[list(key)].take(first_rows(codes)))
+    return pd.factorize(factorize_rows(df, key))[0], None
 
 
 
@@ -83,10 +81,23 @@ class Run:
 
     id: Optional[str]
     rows: pd.DataFrame           # grouped by key, a key's rows in their stored order
-    uniques: pd.Index            # distinct keys, aligned with starts/lens
-    starts: np.ndarray
+    key: tuple
+    starts: np.ndarray           # first row and row count of each distinct key
     lens: np.ndarray
     table: Optional[pa.Table] = dataclasses.field(default=None, repr=False, compare=False)
+    _uniques: Optional[pd.Index] = dataclasses.field(default=None, repr=False, compare=False)
+
+    @property
+    def uniques(self) -> pd.Index:
+        """The distinct keys, aligned with starts/lens.  For a key of several
+        columns an index of their tuples, made on the first lookup or merge
+        that needs it: a batch's run is often only written (to the state
+        store and the run files, which index it by hash), and that index
+        cost about as much as the rest of recording the run."""
+        if self._uniques is None:
+            firsts = self.rows[list(self.key)].take(self.starts)
+            self._uniques = pd.MultiIndex.from_frame(firsts)
+        return self._uniques
 
     @property
     def size(self) -> int:
@@ -95,7 +106,7 @@ class Run:
     def find(self, probe: "KeyProbe", idx: np.ndarray):
         """The wanted keys ``idx`` (positions in ``probe``) this run holds:
         ``(hit mask over idx, their rows)``; rows None when none is held."""
-        if not len(self.uniques):
+        if not len(self.starts):
             return np.zeros(len(idx), dtype=bool), None
         pos = np.asarray(self.uniques.get_indexer(probe.index[idx]), dtype=np.int64)
         hit = pos >= 0
@@ -120,8 +131,8 @@ class Run:
         else:
             uniques = pd.Index([]) if len(key) == 1 else pd.MultiIndex.from_arrays([[]] * len(key))
             starts = ends = np.zeros(0, dtype=np.int64)
-        return cls(run_id, rows, uniques, starts.astype(np.int64),
-                   (ends - starts).astype(np.int64))
+        return cls(run_id, rows, tuple(key), starts.astype(np.int64),
+                   (ends - starts).astype(np.int64), _uniques=uniques)
 
     # -- (de)serialization: Arrow IPC, compressed ------------------------------
     def to_bytes(self, schema: pa.Schema) -> bytes:
@@ -252,7 +263,7 @@ class RunStack:
                     else pd.MultiIndex.from_frame(hit[self.key]))
             live = np.ones(len(hit), dtype=bool)
             for newer in self.runs[i + 1:]:
-                if len(newer.uniques):
+                if newer.size:
                     live &= ~np.asarray(keys.isin(newer.uniques), dtype=bool)
             parts.append(hit[live])
         if not parts:
@@ -289,7 +300,7 @@ class RunStack:
 def merge_runs(older: Run, newer: Run, key: Sequence[str], *, full: bool, retain=None) -> Run:
     """Keys of ``newer`` replace those of ``older``; on a full merge markers and
     rows rejected by ``retain`` are dropped."""
-    if len(older.uniques) and len(newer.uniques):
+    if len(older.starts) and len(newer.starts):
         shadowed = np.asarray(older.uniques.isin(newer.uniques), dtype=bool)
         keep_old = ranges_to_indices(older.starts[~shadowed], older.lens[~shadowed])
         rows = concat_rows([older.rows.take(keep_old), newer.rows])
