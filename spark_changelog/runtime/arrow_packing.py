@@ -35,8 +35,13 @@ def packed_schema(group_col: str) -> pa.Schema:
 #: and a small micro-batch packs one small blob per key group and input
 #: partition (docs/runtime.md, "Packed key groups")
 COMPRESS_FROM_BYTES = 64 * 1024
-_LZ4 = pa.ipc.IpcWriteOptions(compression="lz4")
-_PLAIN = pa.ipc.IpcWriteOptions()
+#: Arrow's IPC reader and writer without their thread pool: Spark runs one
+#: Python worker per task slot, so the pool's threads only contend with the
+#: other slot's worker; reading the join's packed blobs took about a third of
+#: the CPU without it (docs/runtime.md, "Chained keyed operators")
+_LZ4 = pa.ipc.IpcWriteOptions(compression="lz4", use_threads=False)
+_PLAIN = pa.ipc.IpcWriteOptions(use_threads=False)
+_READ = pa.ipc.IpcReadOptions(use_threads=False)
 
 
 def pack(table: pa.Table, compress: bool = True) -> bytes:
@@ -69,7 +74,8 @@ class Picked:
 def unpack(blobs) -> pa.Table:
     """The rows of the blobs :func:`pack` made, as one Arrow table (in the
     order of ``blobs``)."""
-    return pa.concat_tables([pa.ipc.open_stream(pa.BufferReader(b)).read_all() for b in blobs])
+    return pa.concat_tables([pa.ipc.open_stream(pa.BufferReader(b), options=_READ).read_all()
+                             for b in blobs])
 
 
 def pack_groups(table: pa.Table, groups: np.ndarray) -> Iterator[tuple[int, bytes]]:

@@ -29,7 +29,7 @@ import pyarrow as pa
 
 from ..operators.base import KeyedOperator, OpContext
 from .keygroup import process_key_group
-from .keyed_rows import metrics_row, split_upstream_metrics
+from .keyed_rows import FROM_PANDAS, metrics_row, split_upstream_metrics
 from .state_runs import RunStack
 
 
@@ -45,7 +45,8 @@ def conform_rows(rows: pd.DataFrame, schema: pa.Schema) -> pd.DataFrame:
     if list(rows.columns) == schema.names and all(
             _same_numpy_type(rows[f.name].dtype, f.type) for f in schema):
         return rows.reset_index(drop=True)
-    table = pa.Table.from_pandas(rows, schema=schema, preserve_index=False)
+    # nthreads=1: keyed_rows.FROM_PANDAS
+    table = pa.Table.from_pandas(rows, schema=schema, **FROM_PANDAS)
     return table.to_pandas(maps_as_pydicts="strict")
 
 

@@ -85,6 +85,14 @@ def with_metrics(out: pd.DataFrame, operator: KeyedOperator, ctx: OpContext,
     yield metrics_row(operator, ctx.metrics, extra)
 
 
+#: how a key group's frames go to Arrow: pyarrow converts a frame of more
+#: than 100 rows per column on a thread pool it starts for the call
+#: (``pandas_compat.dataframe_to_arrays``), two new threads per key group and
+#: link that cost more than the conversion itself, and Spark already runs one
+#: Python worker per task slot (docs/runtime.md, "Chained keyed operators")
+FROM_PANDAS = {"preserve_index": False, "nthreads": 1}
+
+
 def arrow_output(out: pd.DataFrame, passed: Optional[pd.DataFrame], operator: KeyedOperator,
                   ctx: OpContext, extra=None) -> pa.Table:
     """One key group's batch output as Arrow: data rows, pass-through side
@@ -92,13 +100,13 @@ def arrow_output(out: pd.DataFrame, passed: Optional[pd.DataFrame], operator: Ke
     schema = output_schema_with_metrics(operator)
     parts = []
     if passed is not None:
-        parts.append(pa.Table.from_pandas(passed, schema=schema, preserve_index=False))
+        parts.append(pa.Table.from_pandas(passed, schema=schema, **FROM_PANDAS))
     if out is not None and not out.empty:
-        data = pa.Table.from_pandas(out, schema=operator.output_schema, preserve_index=False)
+        data = pa.Table.from_pandas(out, schema=operator.output_schema, **FROM_PANDAS)
         parts.append(data.append_column(METRICS_COL, pa.nulls(len(data), pa.string())))
     if ctx is not None:
         parts.append(pa.Table.from_pandas(metrics_row(operator, ctx.metrics, extra), schema=schema,
-                                          preserve_index=False))
+                                          **FROM_PANDAS))
     return pa.concat_tables(parts)
 
 
