@@ -276,10 +276,14 @@ class KeyedChainProcessor(KeyGroupProcessor):
         return {**super()._layout_of(link), "group_key": list(self.chain.group_keys[link])}
 
     def _process(self, key, rows, timerValues) -> tuple:
-        from .keyed_rows import split_upstream_metrics
+        from .arrow_packing import unpack
+        from .keyed_rows import arrow_rows, split_upstream_metrics_arrow
         chain = self.chain
-        pdf, passed = split_upstream_metrics(self._unpacked(rows), chain.last)
-        if pdf.empty:
+        # the chain's feeds pick each link's rows in Arrow (``keyed_chain``)
+        blobs = [b for frame in rows for b in frame.iloc[:, -1]]
+        table, passed = split_upstream_metrics_arrow(
+            arrow_rows(unpack(blobs), self.columns, self.time_zone), chain.last)
+        if not table.num_rows:
             return None, passed, None, None
         opened = {}
 
@@ -290,7 +294,7 @@ class KeyedChainProcessor(KeyGroupProcessor):
             opened[i] = (stack, run_ids, ctx, misses, t0)
             return stack, ctx
 
-        out, ran = chain.process(pdf, open_link)
+        out, ran = chain.process(table, open_link)
         # a link's seconds: from its load to the next link's (its step, and
         # the next link's feed), plus its save: the links' seconds add up
         ends = [opened[i][4] for i in ran[1:]] + [time.perf_counter()]

@@ -62,14 +62,18 @@ def _same_numpy_type(dtype, arrow_type: pa.DataType) -> bool:
     return arrow_type.to_pandas_dtype() == dtype.type
 
 
+def _to_pandas(table: pa.Table) -> pd.DataFrame:
+    return table.to_pandas(maps_as_pydicts="strict")
+
+
 class ChainInput:
-    """A link reading the chain's input rows as they are."""
+    """A link reading the chain's input rows (Arrow) as they are."""
 
     #: the rows come in the shuffle's arrival order
     ordered = False
 
-    def __call__(self, rows: pd.DataFrame, outputs: list) -> pd.DataFrame:
-        return rows
+    def __call__(self, rows: pa.Table, outputs: list) -> pd.DataFrame:
+        return _to_pandas(rows)
 
 
 class LinkOutput:
@@ -82,7 +86,7 @@ class LinkOutput:
     def __init__(self, index: int, schema: pa.Schema):
         self.index, self.schema = index, schema
 
-    def __call__(self, rows: pd.DataFrame, outputs: list) -> pd.DataFrame:
+    def __call__(self, rows: pa.Table, outputs: list) -> pd.DataFrame:
         out = outputs[self.index]
         return out if out.empty else conform_rows(out, self.schema)
 
@@ -91,25 +95,38 @@ class JoinSide:
     """A link reading one side's rows of the chain's input, which is a
     join's union of its two inputs (``JoinInputLayout.spark_union``): the
     rows of ``side``, its columns under their input names, in the link's
-    input ``schema``."""
+    input ``schema``.  Picked in Arrow, then converted once: the union as
+    pandas holds each side's columns null in the other side's rows (float64
+    for an integer column), which cost a conversion of every union column
+    and a round trip through Arrow per side (docs/runtime.md, "Chained keyed
+    operators")."""
 
     ordered = False
 
     def __init__(self, layout, side: int, schema: pa.Schema):
         self.layout, self.side, self.schema = layout, side, schema
 
-    def __call__(self, rows: pd.DataFrame, outputs: list) -> pd.DataFrame:
+    def _sources(self) -> list:
+        """Per column of ``schema``, the union's column it is read from."""
         from ..model import KIND_COL, SEQ_COL
-        from ..operators.join.regular_join import LEFT, SIDE_COL
-        mine = rows[rows[SIDE_COL].to_numpy() == self.side]
+        from ..operators.join.regular_join import LEFT
         if self.side == LEFT:
             names = {c: c for c in self.layout.left_columns}
         else:
-            names = {f.name: src.name for src, f in zip(self.layout.right_source_fields,
-                                                          self.layout.right_fields)}
+            names = {src.name: f.name for src, f in zip(self.layout.right_source_fields,
+                                                        self.layout.right_fields)}
         names.update({KIND_COL: KIND_COL, SEQ_COL: SEQ_COL})
-        side = mine[list(names)].rename(columns=names).reset_index(drop=True)
-        return side if side.empty else conform_rows(side, self.schema)
+        return [names[f.name] for f in self.schema]
+
+    def __call__(self, rows: pa.Table, outputs: list) -> pd.DataFrame:
+        import pyarrow.compute as pc
+
+        from ..operators.join.regular_join import SIDE_COL
+        mine = rows.filter(pc.equal(rows.column(SIDE_COL), self.side))
+        if not mine.num_rows:
+            return pd.DataFrame()
+        columns = [mine.column(src).cast(f.type) for src, f in zip(self._sources(), self.schema)]
+        return _to_pandas(pa.Table.from_arrays(columns, schema=self.schema))
 
 
 class JoinUnion:
@@ -122,7 +139,7 @@ class JoinUnion:
     def __init__(self, layout, left: int, right: int, schema: pa.Schema):
         self.layout, self.left, self.right, self.schema = layout, left, right, schema
 
-    def __call__(self, rows: pd.DataFrame, outputs: list) -> pd.DataFrame:
+    def __call__(self, rows: pa.Table, outputs: list) -> pd.DataFrame:
         left, right = outputs[self.left], outputs[self.right]
         if left.empty and right.empty:
             return left.iloc[:0]
@@ -174,11 +191,12 @@ class KeyedChain:
         return self.operators[-1]
 
     # -- one key group --------------------------------------------------------
-    def process(self, rows: pd.DataFrame,
+    def process(self, rows: pa.Table,
                 open_link: Callable[[int], tuple[Optional[RunStack], OpContext]]) -> tuple:
         """Run every link on the key group's ``rows`` (the chain's input,
-        without side rows).  ``open_link(i)`` gives link ``i``'s state (None:
-        no state, a bounded run) and context; it is called only for a link
+        Arrow, without side rows: ``keyed_rows.split_upstream_metrics_arrow``).
+        ``open_link(i)`` gives link ``i``'s state (None: no state, a bounded
+        run) and context; it is called only for a link
         that gets rows, so a link with none is not loaded, run, nor saved.
         Returns (the last link's output, the indexes of the links that ran)."""
         outputs: list = []

@@ -112,9 +112,15 @@ def arrow_output(out: pd.DataFrame, passed: Optional[pd.DataFrame], operator: Ke
 
 def arrow_input(table: pa.Table, columns, time_zone: Optional[str]) -> pd.DataFrame:
     """A key group's rows (Arrow, as Spark sends them to ``applyInArrow``) as
-    the operator's pandas frame, TIMESTAMP columns tz-aware UTC as in
-    :func:`utc_timestamps` (a zoned value keeps its instant; a naive one is
-    read in the session time zone)."""
+    the operator's pandas frame (:func:`arrow_rows`)."""
+    return arrow_rows(table, columns, time_zone).to_pandas(maps_as_pydicts="strict")
+
+
+def arrow_rows(table: pa.Table, columns, time_zone: Optional[str]) -> pa.Table:
+    """A key group's rows (Arrow, as Spark sends them) under the operator's
+    column names, without the key-group column, TIMESTAMP columns tz-aware
+    UTC as in :func:`utc_timestamps` (a zoned value keeps its instant; a
+    naive one is read in the session time zone)."""
     import pyarrow.compute as pc
     table = table.rename_columns(list(columns))
     for i, f in enumerate(table.schema):
@@ -125,7 +131,7 @@ def arrow_input(table: pa.Table, columns, time_zone: Optional[str]) -> pd.DataFr
             table = table.set_column(i, f.name, col.cast(pa.timestamp(f.type.unit, tz="UTC")))
     if KEY_GROUP_COL in table.column_names:
         table = table.drop_columns([KEY_GROUP_COL])
-    return table.to_pandas(maps_as_pydicts="strict")
+    return table
 
 
 #: the key group of an upstream operator's metric rows: passed through, no state
@@ -150,6 +156,24 @@ def split_upstream_metrics(pdf: pd.DataFrame, operator: KeyedOperator
         passed = pd.DataFrame(row)
     data = pdf[~is_metric].drop(columns=[METRICS_COL]).reset_index(drop=True)
     return data, passed
+
+
+def split_upstream_metrics_arrow(table: pa.Table, operator: KeyedOperator
+                                 ) -> tuple[pa.Table, Optional[pd.DataFrame]]:
+    """:func:`split_upstream_metrics` of Arrow rows: (the data rows, still
+    Arrow, without the metrics column; the pass-through rows or None)."""
+    if METRICS_COL not in table.column_names:
+        return table, None
+    is_metric = table.column(KIND_COL).to_numpy(zero_copy_only=False).astype(np.int64) == METRICS_KIND
+    passed = None
+    if is_metric.any():
+        payloads = table.column(METRICS_COL).filter(pa.array(is_metric)).to_pylist()
+        row = {f.name: [None] * len(payloads) for f in operator.output_schema}
+        row[KIND_COL] = [METRICS_KIND] * len(payloads)
+        row[METRICS_COL] = payloads
+        passed = pd.DataFrame(row)
+        table = table.filter(pa.array(~is_metric))
+    return table.drop_columns([METRICS_COL]), passed
 
 
 def utc_timestamps(pdf: pd.DataFrame, time_zone: Optional[str]) -> pd.DataFrame:

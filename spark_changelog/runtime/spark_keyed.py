@@ -66,9 +66,9 @@ from ..operators.base import KeyedOperator, OpContext
 from .arrow_packing import PACKED_COL, conform, pack_groups, packed_batch, packed_schema, unpack
 from ..model.spark_hash import key_groups as key_groups_of, supports as spark_hash_supports
 from .keygroup import process_key_group
-from .keyed_rows import (KEY_GROUP_COL, METRICS_GROUP, arrow_input, arrow_output, arrow_schema_of,
+from .keyed_rows import (KEY_GROUP_COL, METRICS_GROUP, arrow_output, arrow_rows, arrow_schema_of,
                          operator_instance, output_schema_with_metrics, spark_schema,
-                         split_upstream_metrics)
+                         split_upstream_metrics_arrow)
 from .spark_seen_keys import apply_seen_keys
 from .key_group_processor import KeyedChainProcessor, KeyGroupProcessor
 from .keyed_chain import KeyedChain
@@ -151,8 +151,9 @@ def keyed_step(df, operator: KeyedOperator, *, key_groups: Optional[int] = None,
     if df.isStreaming and operator.state_is_seen_keys:
         return apply_seen_keys(df, operator), None
 
-    def run_batch(pdf, passed, now):
+    def run_batch(rows, passed, now):
         ctx = OpContext(processing_time_ms=now)
+        pdf = rows.to_pandas(maps_as_pydicts="strict")
         return process_key_group(operator, None, pdf, ctx), passed, ctx
 
     return _grouped_step(df, operator, operator, KeyGroupProcessor, run_batch, key_groups=key_groups,
@@ -169,13 +170,13 @@ def chained_step(df, chain: KeyedChain, *, key_groups: Optional[int] = None, gro
     ``chain.packing``, one call per key group running every link; on a
     stream each link's state in the group's state
     (:class:`KeyedChainProcessor`), in a batch run none."""
-    def run_batch(pdf, passed, now):
+    def run_batch(rows, passed, now):
         ctxs = {}
 
         def open_link(i):
             ctxs[i] = OpContext(processing_time_ms=now)
             return None, ctxs[i]
-        out, ran = chain.process(pdf, open_link)
+        out, ran = chain.process(rows, open_link)
         passed = chain.passed_rows(passed, [(i, ctxs[i], {"state_rows": 0}) for i in ran])
         return out, passed, ctxs.get(len(chain.operators) - 1)
 
@@ -192,8 +193,8 @@ def _grouped_step(df, packing: KeyedOperator, last: KeyedOperator, processor_cla
     ``df`` packed per key group of ``packing``, then on a stream
     ``processor_class`` (built with ``processor_operator``, by default
     ``packing``) in ``transformWithStateInPandas``, in a batch run
-    ``run_batch(data rows, passed side rows, now) -> (output, side rows,
-    context or None)`` per key group in ``applyInArrow``; ``last``: the
+    ``run_batch(data rows (Arrow), passed side rows, now) -> (output, side
+    rows, context or None)`` per key group in ``applyInArrow``; ``last``: the
     operator whose output the step emits."""
     time_zone = df.sparkSession.conf.get("spark.sql.session.timeZone")
     out_schema = spark_schema(output_schema_with_metrics(last))
@@ -225,10 +226,10 @@ def _grouped_step(df, packing: KeyedOperator, last: KeyedOperator, processor_cla
 
     def run_group(table: pa.Table) -> pa.Table:
         rows = unpack(table.column(PACKED_COL).to_pylist())
-        pdf, passed = split_upstream_metrics(arrow_input(rows, columns, time_zone), last)
-        if pdf.empty:
+        data, passed = split_upstream_metrics_arrow(arrow_rows(rows, columns, time_zone), last)
+        if not data.num_rows:
             return arrow_output(None, passed, last, None)
-        out, passed, ctx = run_batch(pdf, passed, now)
+        out, passed, ctx = run_batch(data, passed, now)
         return arrow_output(out if ctx is not None else None, passed, last, ctx,
                             {"state_rows": 0} if ctx is not None else None)
 

@@ -413,7 +413,8 @@ def test_the_materializer_takes_the_normalize_output_unsorted():
             opened[i] = ctx
             return chained[i], ctx
         opened = {}
-        out, ran = chain.process(frame, open_link)
+        # the chain's input as the step gets it: Arrow
+        out, ran = chain.process(pa.Table.from_pandas(frame, schema=schema, preserve_index=False), open_link)
         assert ran == [0, 1]
         for i, ctx in opened.items():
             seqs["chained"][i] = ctx.next_seq
@@ -441,3 +442,28 @@ def test_the_materializer_takes_the_normalize_output_unsorted():
 
     assert state(chained[1]) == [(5, 1, 6.0), (5, 3, 3.5)]
     assert state(plain[1]) == state(chained[1])
+
+
+def test_a_join_side_reads_its_rows_from_the_union_exactly():
+    """A chained join's normalizes get their side's rows picked from the
+    union in Arrow: BIGINT values beyond 2**53 arrive exact (the union as
+    pandas held them as float64, the other side's rows being null), the
+    right side's columns under its input names, in the link's types."""
+    import pyarrow as pa
+
+    from spark_changelog.operators.join.regular_join import JoinInputLayout
+    from spark_changelog.runtime.keyed_chain import JoinSide
+
+    side_schema = pa.schema([("id", pa.int64()), ("g", pa.int64()), ("_kind", pa.int8()), ("_seq", pa.int64())])
+    layout = JoinInputLayout(side_schema, side_schema, ["id"], ["id"])
+    big = 2 ** 53 + 1
+    union = pa.table({"__jk0": [big, big, 7], "_side": pa.array([0, 1, 0], pa.int8()),
+                      "id": [big, None, 7], "g": [big + 2, None, 1], "id0": [None, big, None],
+                      "g0": [None, big + 4, None], "_kind": pa.array([0, 2, 0], pa.int8()),
+                      "_seq": [1, 2, 3]}, schema=layout.union_schema)
+    left = JoinSide(layout, 0, side_schema)(union, [])
+    right = JoinSide(layout, 1, side_schema)(union, [])
+    assert left.to_dict("list") == {"id": [big, 7], "g": [big + 2, 1], "_kind": [0, 0], "_seq": [1, 3]}
+    assert str(left["id"].dtype) == "int64"
+    assert right.to_dict("list") == {"id": [big], "g": [big + 4], "_kind": [2], "_seq": [2]}
+    assert JoinSide(layout, 1, side_schema)(union.slice(0, 1), []).empty
