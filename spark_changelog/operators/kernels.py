@@ -15,6 +15,80 @@ import numpy as np
 import pandas as pd
 
 
+#: float64 holds every integer of at most this magnitude exactly (53-bit mantissa)
+FLOAT64_EXACT = 2**53
+
+
+def _beyond_float64(values: np.ndarray) -> bool:
+    return bool(len(values)) and (int(values.max()) > FLOAT64_EXACT or int(values.min()) < -FLOAT64_EXACT)
+
+
+def nullable_ints(values: np.ndarray, null: np.ndarray) -> np.ndarray:
+    """Integers (numpy) with a null mask as the operators hold a nullable
+    integer column in pandas: float64 with NaN while every value fits float64
+    exactly, else object (Python ints and None), which keeps a BIGINT beyond
+    2**53 exact (docs/operators.md, "BIGINT beyond 2**53")."""
+    if not null.any():
+        return values
+    if _beyond_float64(values[~null]):
+        out = values.astype(object)
+        out[null] = None
+        return out
+    out = values.astype(np.float64)
+    out[null] = np.nan
+    return out
+
+
+def _int_parts(col: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(int64 values, null mask) of an integer column held as int64, float64
+    with NaN or object (Python ints, maybe floats, and None/NaN)."""
+    if col.dtype.kind in "iu":
+        return col.astype(np.int64, copy=False), np.zeros(len(col), dtype=bool)
+    null = np.asarray(pd.isna(col), dtype=bool)
+    vals = np.zeros(len(col), dtype=np.int64)
+    if not null.all():
+        vals[~null] = col[~null].astype(np.int64)
+    return vals, null
+
+
+def exact_ints(col: np.ndarray) -> np.ndarray:
+    """An integer column in any of the forms pandas holds it (int64, float64
+    with NaN, object) as :func:`nullable_ints` holds it."""
+    return col if col.dtype.kind in "iu" else nullable_ints(*_int_parts(col))
+
+
+def concat_ints(parts: Sequence[np.ndarray]) -> np.ndarray:
+    """The concatenation of integer column parts (int64, float64 with NaN or
+    object) as :func:`nullable_ints` holds it: numpy would hold an int64
+    part beside a float64 one as float64 (rounding beyond 2**53) and floats
+    beside Python ints as object."""
+    if len({p.dtype for p in parts}) <= 1:
+        return np.concatenate(parts)
+    split = [_int_parts(p) for p in parts]
+    return nullable_ints(np.concatenate([v for v, _ in split]), np.concatenate([n for _, n in split]))
+
+
+def arrow_to_pandas(table) -> pd.DataFrame:
+    """``table.to_pandas()`` (maps as dicts) that keeps BIGINT values beyond
+    2**53 exact: Arrow gives a 64-bit integer column with nulls to pandas as
+    float64, which rounds them; such a column comes as :func:`nullable_ints`
+    holds it (object) instead.  Every other column as Arrow gives it."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    df = table.to_pandas(maps_as_pydicts="strict")
+    for i, f in enumerate(table.schema):
+        if not pa.types.is_int64(f.type):
+            continue
+        col = table.column(i)
+        if not col.null_count or col.null_count == len(col):
+            continue
+        mm = pc.min_max(col).as_py()
+        if mm["max"] > FLOAT64_EXACT or mm["min"] < -FLOAT64_EXACT:
+            df[f.name] = col.to_pandas(integer_object_nulls=True).to_numpy()
+    return df
+
+
 def run_starts(x: np.ndarray) -> np.ndarray:
     """True where a run of equal values of the (grouped) array ``x`` begins."""
     first = np.ones(len(x), dtype=bool)

@@ -30,6 +30,7 @@ from ..model.partition_watermarks import (FILE_PARTITIONS, EventTimeSpec,
 from ..model.watermark import END_OF_INPUT_MS
 from ..model.windows import event_ms_of
 from ..operators.base import KeyedOperator, Metrics, OpContext
+from ..operators.kernels import arrow_to_pandas
 from .keygroup import fire_watermark, process_key_group
 from .state_runs import RunStack
 
@@ -100,7 +101,7 @@ class LocalEventTimeRunner:
         if self.projection is not None:
             projected = self.projection(rows)
         from .keyed_rows import utc_timestamps
-        pdf = utc_timestamps(projected.to_pandas(maps_as_pydicts="strict"), None)
+        pdf = utc_timestamps(arrow_to_pandas(projected), None)
         out, self.watermarks, ctx = run_event_time_batch(
             self.operator, self.stack, pdf, self.watermarks, progress, self.spec, now,
             self.next_seq)

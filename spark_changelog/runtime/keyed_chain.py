@@ -28,6 +28,7 @@ import pandas as pd
 import pyarrow as pa
 
 from ..operators.base import KeyedOperator, OpContext
+from ..operators.kernels import arrow_to_pandas
 from .keygroup import process_key_group
 from .keyed_rows import FROM_PANDAS, metrics_row, split_upstream_metrics
 from .state_runs import RunStack
@@ -47,7 +48,7 @@ def conform_rows(rows: pd.DataFrame, schema: pa.Schema) -> pd.DataFrame:
         return rows.reset_index(drop=True)
     # nthreads=1: keyed_rows.FROM_PANDAS
     table = pa.Table.from_pandas(rows, schema=schema, **FROM_PANDAS)
-    return table.to_pandas(maps_as_pydicts="strict")
+    return arrow_to_pandas(table)
 
 
 def _same_numpy_type(dtype, arrow_type: pa.DataType) -> bool:
@@ -63,7 +64,7 @@ def _same_numpy_type(dtype, arrow_type: pa.DataType) -> bool:
 
 
 def _to_pandas(table: pa.Table) -> pd.DataFrame:
-    return table.to_pandas(maps_as_pydicts="strict")
+    return arrow_to_pandas(table)
 
 
 class ChainInput:

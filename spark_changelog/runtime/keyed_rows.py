@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from ..model import KIND_COL, METRICS_COL, METRICS_KIND
 from ..operators.base import KeyedOperator, Metrics, OpContext
+from ..operators.kernels import arrow_to_pandas
 
 #: the key-group column of a keyed step's input (``pmod(hash(key), G)``)
 KEY_GROUP_COL = "_kg"
@@ -113,7 +114,7 @@ def arrow_output(out: pd.DataFrame, passed: Optional[pd.DataFrame], operator: Ke
 def arrow_input(table: pa.Table, columns, time_zone: Optional[str]) -> pd.DataFrame:
     """A key group's rows (Arrow, as Spark sends them to ``applyInArrow``) as
     the operator's pandas frame (:func:`arrow_rows`)."""
-    return arrow_rows(table, columns, time_zone).to_pandas(maps_as_pydicts="strict")
+    return arrow_to_pandas(arrow_rows(table, columns, time_zone))
 
 
 def arrow_rows(table: pa.Table, columns, time_zone: Optional[str]) -> pa.Table:

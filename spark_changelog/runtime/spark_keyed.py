@@ -63,6 +63,7 @@ from ..model import (KIND_COL, METRICS_COL, METRICS_KIND, PACKED_GROUP_COL, PACK
                      SEQ_COL, RowKind)
 from ..model.partitioning import PLAIN_IDS, SPREAD_IDS, default_key_groups, key_group_ids
 from ..operators.base import KeyedOperator, OpContext
+from ..operators.kernels import arrow_to_pandas
 from .arrow_packing import PACKED_COL, conform, pack_groups, packed_batch, packed_schema, unpack
 from ..model.spark_hash import key_groups as key_groups_of, supports as spark_hash_supports
 from .keygroup import process_key_group
@@ -153,7 +154,7 @@ def keyed_step(df, operator: KeyedOperator, *, key_groups: Optional[int] = None,
 
     def run_batch(rows, passed, now):
         ctx = OpContext(processing_time_ms=now)
-        pdf = rows.to_pandas(maps_as_pydicts="strict")
+        pdf = arrow_to_pandas(rows)
         return process_key_group(operator, None, pdf, ctx), passed, ctx
 
     return _grouped_step(df, operator, operator, KeyGroupProcessor, run_batch, key_groups=key_groups,

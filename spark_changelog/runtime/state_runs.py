@@ -45,7 +45,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from ..operators.kernels import factorize_rows, ranges_to_indices, run_starts
+from ..operators.kernels import arrow_to_pandas, factorize_rows, ranges_to_indices, run_starts
 from ..operators.keys import rows_with_keys
 
 CLEARED_COL = "__cleared"
@@ -150,7 +150,7 @@ class Run:
     @classmethod
     def from_bytes(cls, run_id: str, blob: bytes, key: Sequence[str]) -> "Run":
         table = pa.ipc.open_stream(pa.BufferReader(blob)).read_all()
-        run = cls.build(table.to_pandas(maps_as_pydicts="strict"), key, run_id)
+        run = cls.build(arrow_to_pandas(table), key, run_id)
         run.table = table
         return run
 
@@ -429,7 +429,7 @@ class MappedRun:
 
     def decoded(self) -> Run:
         if self._run is None:
-            self._run = Run.build(self.table.to_pandas(maps_as_pydicts="strict"), self.key, self.id)
+            self._run = Run.build(arrow_to_pandas(self.table), self.key, self.id)
             self._run.table = self.table
         return self._run
 
@@ -464,7 +464,7 @@ class MappedRun:
             return hit, None
         hit[cand[same]] = True
         rows = self.table.take(pa.array(ranges_to_indices(starts[same], lens[same])))
-        return hit, rows.to_pandas(maps_as_pydicts="strict")
+        return hit, arrow_to_pandas(rows)
 
 
 def run_index(table: pa.Table, key: Sequence[str]) -> Optional[np.ndarray]:

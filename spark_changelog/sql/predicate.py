@@ -32,6 +32,16 @@ _ARITH = {exp.Add: operator.add, exp.Sub: operator.sub, exp.Mul: operator.mul,
           exp.Div: operator.truediv}
 
 
+def _nullable(col: pd.Series) -> pd.Series:
+    """A column as pandas' nullable dtypes (``convert_dtypes``); an integer
+    column held as object (Python ints beyond 2**53 beside nulls:
+    ``operators.kernels.nullable_ints``) goes to Int64 directly, as
+    ``convert_dtypes`` would go through float64 and round it."""
+    if col.dtype == object and pd.api.types.infer_dtype(col, skipna=True) == "integer":
+        return pd.Series(pd.array(col.to_numpy(), dtype="Int64"), index=col.index)
+    return col.convert_dtypes()
+
+
 class JoinCondition:
     """Picklable (it travels to Spark's Python workers): holds the sqlglot tree
     and which side each referenced output column comes from.
@@ -57,7 +67,7 @@ class JoinCondition:
             return self._eval(node.this, frames, n)
         if isinstance(node, exp.Column):
             side, name = self.columns[node.name]
-            return frames[side][name].convert_dtypes().reset_index(drop=True)
+            return _nullable(frames[side][name]).reset_index(drop=True)
         if isinstance(node, exp.Literal):
             value = node.this if node.is_string else _number(node.this)
             return pd.Series([value] * n).convert_dtypes()

@@ -308,6 +308,26 @@ def test_join_condition_uses_three_valued_logic():
         JoinCondition(sqlglot.parse_one("UPPER(v) = w", read=Flink), cols)
 
 
+
+def test_join_condition_compares_bigints_beyond_2_53_exactly():
+    """A BIGINT column with nulls and values beyond 2**53, as the join holds it
+    (object: Python ints and None), compares and adds exactly: 2**53 + 1 is
+    greater than 2**53 (float64 would round it to 2**53)."""
+    import numpy as np
+    import pandas as pd
+
+    from spark_changelog.sql.predicate import JoinCondition
+    big = 2**53
+    left = pd.DataFrame({"v": np.array([big + 1, None, big + 1, -(2**62) - 3], dtype=object)})
+    right = pd.DataFrame({"w": [big, big, big + 1, -(2**62) - 4]})
+    cols = {"v": ("left", "v"), "w": ("right", "w")}
+
+    def run(sql):
+        return JoinCondition(sqlglot.parse_one(sql, read=Flink), cols)(left, right).tolist()
+    assert run("v > w") == [True, False, False, True]
+    assert run("v = w + 1") == [True, False, False, True]
+    assert run("v - 1 = w") == [True, False, False, True]
+
 # -- statements that sqlglot would keep as opaque commands ------------------------
 
 SRC = ("CREATE TABLE s (k STRING) WITH ('connector' = 'filesystem', 'path' = 'in', "

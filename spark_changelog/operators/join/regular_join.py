@@ -60,6 +60,7 @@ import pyarrow as pa
 from ...model import KIND_COL, METRICS_COL, SEQ_COL, RowKind, join_output_names
 from ...model.rowkind import IS_ADD
 from ..base import KeyedOperator, OpContext
+from ..kernels import concat_ints, nullable_ints
 from ..keys import key_change, lookup_unique
 from .state_views import (SideBatch, StateView, choose_view, expand_ranges,
                           group_starts, grouped_exclusive_cumsum)
@@ -86,15 +87,17 @@ def _data_fields(schema: pa.Schema) -> list[pa.Field]:
 
 
 def _take(values: np.ndarray, idx: np.ndarray) -> np.ndarray:
-    """``values[idx]`` with ``-1`` -> null (ints become float64, bools object, when
-    a null appears: the pandas convention the runtimes use)."""
+    """``values[idx]`` with ``-1`` -> null (ints become float64, or object
+    beyond 2**53 (``kernels.nullable_ints``), bools object, when a null
+    appears: the pandas convention the runtimes use)."""
     neg = idx < 0
     if not len(idx) or not neg.any():
         return values[idx]
     kind = values.dtype.kind
     if kind in "iu":
-        values = values.astype(np.float64)
-    elif kind == "b":
+        return nullable_ints(values[np.where(neg, 0, idx)] if len(values)
+                             else np.zeros(len(idx), values.dtype), neg)
+    if kind == "b":
         values = values.astype(object)
     kind = values.dtype.kind
     fill = np.nan if kind in "fc" else (values.dtype.type("NaT") if kind in "mM" else None)
@@ -117,6 +120,10 @@ def conform_arrays(data: dict, schema: pa.Schema) -> dict:
             continue
         if pa.types.is_integer(f.type) and col.dtype.kind == "f":
             if not np.isnan(col).any():
+                data[f.name] = col.astype(f.type.to_pandas_dtype())
+        elif pa.types.is_integer(f.type) and col.dtype == object:
+            # Python ints beyond 2**53 (``kernels.nullable_ints``)
+            if not pd.isna(col).any():
                 data[f.name] = col.astype(f.type.to_pandas_dtype())
         elif pa.types.is_boolean(f.type) and col.dtype == object:
             if not pd.isna(col).any():
@@ -225,7 +232,12 @@ class JoinInputLayout:
                     parts.append(np.full(k, np.nan) if numeric else np.full(k, None, dtype=object))
                 else:
                     parts.append(df[src].to_numpy())
-            data[tgt] = np.concatenate(parts) if len(parts) > 1 else parts[0]
+            if len(parts) == 1:
+                data[tgt] = parts[0]
+            elif pa.types.is_integer(typ):
+                data[tgt] = concat_ints(parts)      # exact beyond 2**53
+            else:
+                data[tgt] = np.concatenate(parts)
         out = pd.DataFrame(data)
         for c, t in ((SIDE_COL, np.int8), (KIND_COL, np.int8), (SEQ_COL, np.int64)):
             out[c] = out[c].astype(t)
@@ -336,6 +348,9 @@ class RegularJoin(KeyedOperator):
         self.views: tuple[StateView, StateView] = (
             choose_view(layout.side_keys(LEFT), uks[0]),
             choose_view(layout.side_keys(RIGHT), uks[1]))
+        self._int_columns = frozenset(
+            f.name for f in list(layout.key_fields) + layout.left_fields + layout.right_fields
+            if pa.types.is_integer(f.type))
         self._state_schema = pa.schema(
             list(layout.key_fields) + [pa.field(SIDE_COL, pa.int8())]
             + [pa.field(f.name, f.type, nullable=True) for f in layout.left_fields + layout.right_fields]
@@ -345,6 +360,14 @@ class RegularJoin(KeyedOperator):
     @property
     def output_schema(self) -> pa.Schema:
         return self.layout.output_schema
+
+    def _concat(self, column: str, parts: list) -> np.ndarray:
+        """Parts of a data or key column, one array: an integer column's
+        exactly (``kernels.concat_ints``: int64 beside float64 with NaN would
+        round values beyond 2**53)."""
+        if column in self._int_columns:
+            return concat_ints(parts)
+        return np.concatenate([_as_object_if_mixed(parts[0], parts[1])] + parts[1:])
 
     @property
     def output_keys(self) -> tuple[tuple[str, ...], ...]:
@@ -435,7 +458,7 @@ class RegularJoin(KeyedOperator):
             ev = np.flatnonzero((side == s) & valid_key)
             sm = np.flatnonzero(st_side == s)
             st_rows.append(sm)
-            src = {c: (np.concatenate([data[c], stcol(c)[sm]]) if len(sm) else data[c])
+            src = {c: (self._concat(c, [data[c], stcol(c)[sm]]) if len(sm) else data[c])
                    for c in cols}
             sources.append(src)
             view = self.views[s]
@@ -612,8 +635,7 @@ class RegularJoin(KeyedOperator):
         if len(parts) == 1:
             data = parts[0]
         else:
-            data = {c: np.concatenate([_as_object_if_mixed(parts[0][c], parts[1][c]), parts[1][c]])
-                    for c in self._state_schema.names}
+            data = {c: self._concat(c, [parts[0][c], parts[1][c]]) for c in self._state_schema.names}
         return frame(data, self._state_schema)
 
 
