@@ -65,3 +65,25 @@ def test_stable_order_orders_mixed_values_as_pandas_does():
     df = pd.DataFrame({"k": pd.Series([2, "a", 1, None, "a"], dtype=object), "_seq": [3, 2, 1, 0, 1]})
     expected = df.sort_values(["k", "_seq"], kind="stable").index.tolist()
     assert stable_order(df, ["k", "_seq"]).tolist() == expected == [2, 0, 4, 1, 3]
+
+
+def test_int64_with_nulls_beyond_2_53_reaches_pandas_exactly():
+    """``arrow_to_pandas``: an int64 column with nulls is float64 while its
+    values fit float64 exactly, object (Python ints, None) once one is beyond
+    2**53; ``nullable_ints``/``concat_ints`` keep the same rule."""
+    import pyarrow as pa
+
+    from spark_changelog.operators.kernels import arrow_to_pandas, concat_ints, nullable_ints
+    big, small = [2**53 + 1, None, -(2**62) - 3], [5, None, -7]
+    df = arrow_to_pandas(pa.table({"big": pa.array(big, pa.int64()), "small": pa.array(small, pa.int64()),
+                                   "full": pa.array([2**53 + 1, 1, 2], pa.int64())}))
+    assert df["big"].dtype == object and df["big"].tolist() == big
+    assert df["small"].dtype == np.float64 and df["small"].isna().tolist() == [False, True, False]
+    assert df["full"].dtype == np.int64 and df["full"].tolist() == [2**53 + 1, 1, 2]
+    out = nullable_ints(np.array([2**53 + 1, 0, 3]), np.array([False, True, False]))
+    assert out.dtype == object and out.tolist() == [2**53 + 1, None, 3]
+    assert nullable_ints(np.array([1, 0]), np.array([False, True])).dtype == np.float64
+    got = concat_ints([np.array([2**53 + 1, -(2**62) - 3]), np.array([np.nan, 4.0]),
+                       np.array([None, 2**53 + 3], dtype=object)])
+    assert got.tolist() == [2**53 + 1, -(2**62) - 3, None, 4, None, 2**53 + 3]
+    assert concat_ints([np.array([1, 2]), np.array([np.nan])]).dtype == np.float64
