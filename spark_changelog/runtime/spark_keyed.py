@@ -270,7 +270,9 @@ def _fold_partition(table: pa.Table, operator: KeyedOperator, extra=None) -> pa.
     is_side = pc.equal(table.column(KIND_COL), METRICS_KIND).to_numpy(zero_copy_only=False)
     data_pos = np.flatnonzero(~is_side)
     small = table.select(columns).take(data_pos)
-    keep = data_pos[operator.prefold_keep(small.to_pandas(maps_as_pydicts="strict"))]
+    # a nullable BIGINT key as float64 would make 2**53 and 2**53 + 1 one
+    # key, and drop the older one's last change (arrow_to_pandas)
+    keep = data_pos[operator.prefold_keep(arrow_to_pandas(small))]
     kept = table.take(np.sort(np.concatenate([np.flatnonzero(is_side), keep])))
     dropped = int(len(data_pos) - len(keep))
     n_ub = int(pc.sum(pc.equal(small.column(KIND_COL), int(RowKind.UPDATE_BEFORE))).as_py() or 0)

@@ -56,3 +56,20 @@ def test_step_keeps_bigint_beyond_2_53(name):
         out = pa.Table.from_pandas(out, schema=op.output_schema, preserve_index=False)
         got |= {v for r in out.to_pylist() for v in r.values() if isinstance(v, int) and abs(v) > 2**53}
     assert got == want
+
+
+def test_a_prefold_keeps_keys_beyond_2_53_apart():
+    """The Spark runtime's pre-fold of an input partition (a folding
+    ChangelogNormalize keeps each key's last change) tells a nullable
+    BIGINT key 2**53 from 2**53 + 1: as float64 they were one key, and the
+    older one's change was dropped."""
+    from spark_changelog.runtime.spark_keyed import _fold_partition
+    schema = pa.schema([("id", pa.int64()), ("v", pa.int64()), ("_kind", pa.int8()), ("_seq", pa.int64()),
+                        ("_metrics", pa.string())])
+    table = pa.table({"id": [2**53, 2**53 + 1, None, 2**53], "v": [1, 2, 3, 4],
+                      "_kind": pa.array([0, 0, 0, 2], pa.int8()), "_seq": [0, 1, 2, 3],
+                      "_metrics": pa.array([None] * 4, pa.string())}, schema=schema)
+    op = ChangelogNormalize(schema.remove(schema.get_field_index("_metrics")), ["id"], fold_batch=True)
+    kept = _fold_partition(table, op)
+    assert [(r["id"], r["v"]) for r in kept.to_pylist() if r["_kind"] != -1] == \
+        [(2**53 + 1, 2), (None, 3), (2**53, 4)]
