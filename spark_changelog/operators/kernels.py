@@ -51,12 +51,6 @@ def _int_parts(col: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return vals, null
 
 
-def exact_ints(col: np.ndarray) -> np.ndarray:
-    """An integer column in any of the forms pandas holds it (int64, float64
-    with NaN, object) as :func:`nullable_ints` holds it."""
-    return col if col.dtype.kind in "iu" else nullable_ints(*_int_parts(col))
-
-
 def concat_ints(parts: Sequence[np.ndarray]) -> np.ndarray:
     """The concatenation of integer column parts (int64, float64 with NaN or
     object) as :func:`nullable_ints` holds it: numpy would hold an int64

@@ -148,15 +148,18 @@ def split_upstream_metrics(pdf: pd.DataFrame, operator: KeyedOperator
     if METRICS_COL not in pdf.columns:
         return pdf, None
     is_metric = pdf[KIND_COL].to_numpy(dtype=np.int64) == METRICS_KIND
-    passed = None
-    if is_metric.any():
-        payloads = pdf.loc[is_metric, METRICS_COL].tolist()
-        row = {f.name: [None] * len(payloads) for f in operator.output_schema}
-        row[KIND_COL] = [METRICS_KIND] * len(payloads)
-        row[METRICS_COL] = payloads
-        passed = pd.DataFrame(row)
+    passed = _passed_rows(pdf.loc[is_metric, METRICS_COL].tolist(), operator) if is_metric.any() else None
     data = pdf[~is_metric].drop(columns=[METRICS_COL]).reset_index(drop=True)
     return data, passed
+
+
+def _passed_rows(payloads: list, operator: KeyedOperator) -> pd.DataFrame:
+    """Upstream metric rows' ``payloads`` re-shaped to ``operator``'s output
+    schema, to pass through it."""
+    row = {f.name: [None] * len(payloads) for f in operator.output_schema}
+    row[KIND_COL] = [METRICS_KIND] * len(payloads)
+    row[METRICS_COL] = payloads
+    return pd.DataFrame(row)
 
 
 def split_upstream_metrics_arrow(table: pa.Table, operator: KeyedOperator
@@ -168,11 +171,7 @@ def split_upstream_metrics_arrow(table: pa.Table, operator: KeyedOperator
     is_metric = table.column(KIND_COL).to_numpy(zero_copy_only=False).astype(np.int64) == METRICS_KIND
     passed = None
     if is_metric.any():
-        payloads = table.column(METRICS_COL).filter(pa.array(is_metric)).to_pylist()
-        row = {f.name: [None] * len(payloads) for f in operator.output_schema}
-        row[KIND_COL] = [METRICS_KIND] * len(payloads)
-        row[METRICS_COL] = payloads
-        passed = pd.DataFrame(row)
+        passed = _passed_rows(table.column(METRICS_COL).filter(pa.array(is_metric)).to_pylist(), operator)
         table = table.filter(pa.array(~is_metric))
     return table.drop_columns([METRICS_COL]), passed
 
